@@ -1,0 +1,50 @@
+# amp-convert: every dependency is declared here or in pyproject.toml.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+ZOOVENV ?= .venv-zoo
+
+.PHONY: setup demo test lint pypi-models zoo zoo-full bench fuzz clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+# Convert the sample model (a reduced ResNet-50 from the zoo).
+demo: setup
+	mkdir -p out
+	$(BIN)/amp-convert models/zoo/resnet50.onnx --level O2 -o out/resnet50.fp16.onnx
+
+# Real models shipped inside PyPI wheels (rapidocr, silero-vad), cached in models/cache/pypi.
+pypi-models: setup
+	$(BIN)/python models/fetch_pypi_models.py
+
+test: setup pypi-models
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check amp_convert tests models scripts
+	$(BIN)/ruff format --check amp_convert tests models scripts
+
+# Rebuild the committed reduced zoo (needs torch + torchvision, about 5.5 GB).
+$(ZOOVENV)/.installed:
+	$(PYTHON) -m venv $(ZOOVENV)
+	$(ZOOVENV)/bin/python -m pip install -q torch==2.14.1 torchvision==0.29.1
+	$(ZOOVENV)/bin/python -m pip install -q transformers onnx==1.23.2 onnxscript onnxruntime numpy
+	touch $@
+
+zoo: $(ZOOVENV)/.installed
+	$(ZOOVENV)/bin/python models/build_zoo.py
+
+zoo-full: $(ZOOVENV)/.installed
+	$(ZOOVENV)/bin/python models/build_zoo.py --full
+
+bench: setup pypi-models
+	$(BIN)/python scripts/bench_casts.py
+
+clean:
+	rm -rf out .pytest_cache

@@ -1,0 +1,150 @@
+"""Clean-up passes over the rewritten model.
+
+Each pass is a small class with one job and returns a :class:`PassResult`.
+They run on a fresh index of the rewritten graphs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+from onnx import TensorProto
+
+from .graph import GraphContext, build_context, node_subgraphs
+from .schema import model_opsets
+from .typeinfo import infer_types
+
+# from -> to conversions that lose nothing, so casting back recovers the input exactly
+EXACT_WIDENINGS = frozenset(
+    {
+        (TensorProto.FLOAT16, TensorProto.FLOAT),
+        (TensorProto.BFLOAT16, TensorProto.FLOAT),
+        (TensorProto.FLOAT16, TensorProto.DOUBLE),
+        (TensorProto.BFLOAT16, TensorProto.DOUBLE),
+        (TensorProto.FLOAT, TensorProto.DOUBLE),
+    }
+)
+
+
+@dataclass
+class PassResult:
+    model: onnx.ModelProto
+    modified: bool
+    count: int = 0  # what the pass removed or changed
+
+
+def _cast_to(node: onnx.NodeProto) -> int:
+    for a in node.attribute:
+        if a.name == "to":
+            return a.i
+    return 0
+
+
+def _index(model: onnx.ModelProto, opsets: dict[str, int]) -> GraphContext:
+    ctx = build_context(model.graph)
+    infer_types(ctx, opsets)
+    return ctx
+
+
+class RemoveRedundantCasts:
+    """Bypass Casts that change nothing: ``Cast(x, to=type(x))``, and the
+    second Cast of an exact round trip (fp16 -> fp32 -> fp16); then delete
+    the bypassed Casts and first halves of pairs that nothing reads any more.
+    A lossy pair (fp32 -> fp16 -> fp32) is the model's meaning and stays.
+    Casts that write a graph output are kept, so output names never change."""
+
+    def __call__(self, model: onnx.ModelProto) -> PassResult:
+        root = _index(model, model_opsets(model))
+        renames: dict[str, str] = {}
+        candidates: set[str] = set()  # outputs of Casts that may now be unused
+        for ctx in root.walk():
+            outputs = set(ctx.output_names)
+            for node in ctx.nodes:
+                if node.op_type != "Cast" or node.domain not in ("", "ai.onnx") or node.output[0] in outputs:
+                    continue
+                source = node.input[0]
+                to = _cast_to(node)
+                if ctx.type_of(source) == to:
+                    renames[node.output[0]] = source
+                    continue
+                scope = ctx.scope_of(source)
+                producer = scope.producer.get(source) if scope is not None else None
+                if producer is None:
+                    continue
+                first = scope.nodes[producer]
+                if first.op_type == "Cast" and first.domain in ("", "ai.onnx"):
+                    origin = first.input[0]
+                    if scope.type_of(origin) == to and (to, _cast_to(first)) in EXACT_WIDENINGS:
+                        renames[node.output[0]] = origin
+                        candidates.add(source)
+        if not renames:
+            return PassResult(model, False)
+        _apply_renames(model.graph, renames)
+        removed = _remove_unused_casts(model.graph, candidates | set(renames), set())
+        return PassResult(model, True, removed)
+
+
+def _resolve(name: str, renames: dict[str, str]) -> str:
+    seen = 0
+    while name in renames and seen < 64:
+        name, seen = renames[name], seen + 1
+    return name
+
+
+def _apply_renames(graph: onnx.GraphProto, renames: dict[str, str]) -> None:
+    for node in graph.node:
+        for slot, name in enumerate(node.input):
+            if name in renames:
+                node.input[slot] = _resolve(name, renames)
+        for _, sub in node_subgraphs(node):
+            _apply_renames(sub, renames)
+
+
+def _used_names(graph: onnx.GraphProto, into: set[str]) -> set[str]:
+    for node in graph.node:
+        into.update(node.input)
+        for _, sub in node_subgraphs(node):
+            _used_names(sub, into)
+    into.update(v.name for v in graph.output)
+    return into
+
+
+def _remove_unused_casts(graph: onnx.GraphProto, candidates: set[str], outer_used: set[str]) -> int:
+    used = _used_names(graph, set(outer_used))
+    removed = 0
+    for node in graph.node:
+        for _, sub in node_subgraphs(node):
+            removed += _remove_unused_casts(sub, candidates, used)
+    keep = [n for n in graph.node if not (n.op_type == "Cast" and n.output[0] in candidates and n.output[0] not in used)]
+    if len(keep) != len(graph.node):
+        removed += len(graph.node) - len(keep)
+        graph.ClearField("node")
+        graph.node.extend(keep)
+    return removed
+
+
+def _count_casts(graph: onnx.GraphProto) -> int:
+    n = 0
+    for node in graph.node:
+        n += node.op_type == "Cast"
+        for _, sub in node_subgraphs(node):
+            n += _count_casts(sub)
+    return n
+
+
+def count_casts(model: onnx.ModelProto) -> int:
+    """Cast nodes in the model, subgraphs included."""
+    return _count_casts(model.graph)
+
+
+CLEANUP_PASSES = (RemoveRedundantCasts(),)
+
+
+def clean_up(model: onnx.ModelProto) -> dict[str, int]:
+    """Run the clean-up passes; returns what each one did."""
+    done = {}
+    for p in CLEANUP_PASSES:
+        result = p(model)
+        done[type(p).__name__] = result.count
+    return done

@@ -1,0 +1,149 @@
+"""Indexes over a model's graphs, built once: producers, consumers, subgraph
+scopes and the values subgraphs capture from outer scopes.
+
+Every later stage looks tensors up here instead of scanning the graph, which
+keeps the converter linear in the number of nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import onnx
+
+SUBGRAPH_ATTRIBUTE_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+@dataclass(eq=False)
+class GraphContext:
+    """One graph (main graph or subgraph) with its use-def indexes."""
+
+    graph: onnx.GraphProto
+    path: str  # "" for the main graph, "node/attr" for subgraphs
+    parent: GraphContext | None
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    producer: dict[str, int] = field(default_factory=dict)  # tensor -> node index
+    consumers: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # tensor -> (node, slot)
+    captured_by: dict[str, list[int]] = field(default_factory=dict)  # tensor -> nodes whose subgraphs read it
+    subgraphs: dict[int, list[GraphContext]] = field(default_factory=dict)  # node index -> its bodies
+    free_names: set[str] = field(default_factory=set)  # names read here but defined in an outer scope
+    input_names: list[str] = field(default_factory=list)
+    input_set: set[str] = field(default_factory=set)
+    output_names: list[str] = field(default_factory=list)
+    initializers: dict[str, onnx.TensorProto] = field(default_factory=dict)
+    types: dict[str, int] = field(default_factory=dict)  # element type per name defined or seen here
+
+    def defines(self, name: str) -> bool:
+        return name in self.producer or name in self.initializers or name in self.input_set
+
+    def scope_of(self, name: str) -> GraphContext | None:
+        """The innermost graph (this or an ancestor) that defines ``name``."""
+        ctx: GraphContext | None = self
+        while ctx is not None:
+            if ctx.defines(name):
+                return ctx
+            ctx = ctx.parent
+        return None
+
+    def type_of(self, name: str) -> int:
+        """Element type of ``name`` as seen from this graph (0 if unknown)."""
+        ctx: GraphContext | None = self
+        while ctx is not None:
+            t = ctx.types.get(name)
+            if t is not None:
+                return t
+            if ctx.defines(name):
+                return 0
+            ctx = ctx.parent
+        return 0
+
+    def node_label(self, index: int) -> str:
+        node = self.nodes[index]
+        return node.name or f"{node.op_type}_{index}"
+
+    def walk(self) -> Iterator[GraphContext]:
+        """This graph and all nested subgraphs, outer before inner."""
+        yield self
+        for subs in self.subgraphs.values():
+            for sub in subs:
+                yield from sub.walk()
+
+
+def node_subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.name, attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            for i, g in enumerate(attr.graphs):
+                yield f"{attr.name}[{i}]", g
+
+
+def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext | None = None) -> GraphContext:
+    """Index ``graph`` and, recursively, its subgraphs."""
+    ctx = GraphContext(graph=graph, path=path, parent=parent)
+    ctx.nodes = list(graph.node)
+    ctx.input_names = [v.name for v in graph.input]
+    ctx.input_set = set(ctx.input_names)
+    ctx.output_names = [v.name for v in graph.output]
+    ctx.initializers = {t.name: t for t in graph.initializer}
+    for t in graph.sparse_initializer:
+        ctx.initializers.setdefault(t.values.name, t.values)
+    producer, consumers = ctx.producer, ctx.consumers
+    for i, node in enumerate(ctx.nodes):
+        for slot, name in enumerate(node.input):
+            if name:
+                consumers.setdefault(name, []).append((i, slot))
+        for name in node.output:
+            if name:
+                producer[name] = i
+    for i, node in enumerate(ctx.nodes):
+        if not any(a.type in SUBGRAPH_ATTRIBUTE_TYPES for a in node.attribute):
+            continue
+        label = node.name or f"{node.op_type}_{i}"
+        subs = []
+        for attr_name, g in node_subgraphs(node):
+            sub = build_context(g, f"{path}/{label}/{attr_name}" if path else f"{label}/{attr_name}", ctx)
+            subs.append(sub)
+            for name in sub.free_names:
+                ctx.captured_by.setdefault(name, []).append(i)
+        ctx.subgraphs[i] = subs
+    # Free names: read here (directly or by nested subgraphs) but defined outside.
+    read = set(consumers) | set(ctx.captured_by)
+    ctx.free_names = {n for n in read if not ctx.defines(n)}
+    return ctx
+
+
+def all_names(model: onnx.ModelProto) -> set[str]:
+    """Every tensor and node name used anywhere in the model (for unique names)."""
+    names: set[str] = set()
+
+    def visit(g: onnx.GraphProto) -> None:
+        names.update(v.name for v in g.input)
+        names.update(v.name for v in g.output)
+        names.update(t.name for t in g.initializer)
+        for node in g.node:
+            names.update(node.input)
+            names.update(node.output)
+            if node.name:
+                names.add(node.name)
+            for _, sub in node_subgraphs(node):
+                visit(sub)
+
+    visit(model.graph)
+    return names
+
+
+class NameGenerator:
+    """Deterministic unique names: ``base`` if free, else ``base_1``, ``base_2`` ..."""
+
+    def __init__(self, taken: set[str]):
+        self._taken = taken
+
+    def __call__(self, base: str) -> str:
+        name, i = base, 0
+        while name in self._taken:
+            i += 1
+            name = f"{base}_{i}"
+        self._taken.add(name)
+        return name

@@ -1,0 +1,38 @@
+"""Opset upgrade, only where a rewrite needs it.
+
+The output keeps the input's IR version and opsets, except that Cast to
+bfloat16 needs default-domain opset 13, and the user may ask for a newer
+opset (``--target-opset 22``: many ops admit bfloat16 only from opset 22).
+"""
+
+from __future__ import annotations
+
+import onnx
+import onnx.version_converter
+
+from .errors import AmpError
+from .schema import model_opsets
+
+
+def upgrade_opset(model: onnx.ModelProto, target: int) -> tuple[onnx.ModelProto, str | None]:
+    """Return ``model`` at default-domain opset ``target`` (never lower), and a
+    note saying what changed (None if nothing did)."""
+    current = model_opsets(model).get("", 0)
+    if target <= current:
+        return model, None
+    ir_version = model.ir_version
+    try:
+        upgraded = onnx.version_converter.convert_version(model, target)
+    except Exception as e:  # the converter raises plain RuntimeErrors with C++ messages
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise AmpError(f"cannot upgrade the model from opset {current} to {target}: {first}") from None
+    upgraded.ir_version = max(ir_version, _min_ir_for_opset(target))
+    return upgraded, f"opset upgraded from {current} to {target}"
+
+
+def _min_ir_for_opset(opset: int) -> int:
+    """Oldest IR version that onnx pairs with a default-domain opset."""
+    for ir, version in ((4, 9), (5, 10), (6, 11), (7, 12), (7, 13), (8, 15), (8, 16), (9, 19), (10, 21), (11, 23)):
+        if opset <= version:
+            return ir
+    return onnx.IR_VERSION

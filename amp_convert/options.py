@@ -1,0 +1,137 @@
+"""Conversion options: one validated value object shared by the API, the CLI
+and config files."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from .dtypes import LowDtype, low_dtype
+from .errors import AmpError
+from .lists import LEVELS, PROFILES, OpLists, resolve_lists
+from .schema import validate_op_names
+
+IO_TYPES = ("keep", "low")
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """Everything that decides how a model is converted.
+
+    ``level`` None means O2, or O1 when ``only_white_list`` is given
+    (MindSpore's ``custom_mixed_precision`` with a white list behaves as O1,
+    with a black list as O2).
+    """
+
+    level: str | None = None
+    dtype: str = "fp16"
+    lists: str = "default"
+    white_list: tuple[str, ...] = ()
+    black_list: tuple[str, ...] = ()
+    only_white_list: tuple[str, ...] | None = None
+    only_black_list: tuple[str, ...] | None = None
+    keep_fp32: tuple[str, ...] = ()  # node-name regexes
+    force_low: tuple[str, ...] = ()
+    keep_batchnorm_fp32: bool | None = None
+    io_types: str = "keep"
+    initializer_range: bool = True  # safety rule (O1/O2): out-of-range constants keep their consumer fp32
+    target_opset: int | None = None  # upgrade the default-domain opset first (never downgrades)
+    _compiled: dict[str, tuple[re.Pattern[str], ...]] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def effective_level(self) -> str:
+        if self.level is not None:
+            return self.level
+        return "O1" if self.only_white_list is not None else "O2"
+
+    @property
+    def low(self) -> LowDtype:
+        return low_dtype(self.dtype)
+
+    def validated(self) -> ConvertOptions:
+        """A normalised copy; raises AmpError (usage error) on bad values."""
+        level = self.level
+        if level is not None:
+            level = str(level).upper()
+            if level not in LEVELS:
+                raise AmpError(f"unknown level {self.level!r}: use one of {', '.join(LEVELS)}")
+        try:
+            dtype = low_dtype(self.dtype).key
+        except ValueError as e:
+            raise AmpError(str(e)) from None
+        if self.lists not in PROFILES:
+            raise AmpError(f"unknown list profile {self.lists!r}: use one of {', '.join(PROFILES)}")
+        if self.io_types not in IO_TYPES:
+            raise AmpError(f"unknown io types {self.io_types!r}: use 'keep' or 'low'")
+        if self.target_opset is not None and not isinstance(self.target_opset, int):
+            raise AmpError(f"--target-opset must be an integer, got {self.target_opset!r}")
+        if self.only_white_list is not None and self.only_black_list is not None:
+            raise AmpError("give --only-white-list or --only-black-list, not both")
+        if self.only_white_list is not None and level not in (None, "O1"):
+            raise AmpError(
+                f"--only-white-list converts as O1 (only the listed ops run low); it cannot be used with --level {level}"
+            )
+        if self.only_black_list is not None and level not in (None, "O2"):
+            raise AmpError(
+                f"--only-black-list converts as O2 (all but the listed ops run low); it cannot be used with --level {level}"
+            )
+        normalised = replace(
+            self,
+            level=level,
+            dtype=dtype,
+            white_list=tuple(validate_op_names(self.white_list, "--white-list")),
+            black_list=tuple(validate_op_names(self.black_list, "--black-list")),
+            only_white_list=None
+            if self.only_white_list is None
+            else tuple(validate_op_names(self.only_white_list, "--only-white-list")),
+            only_black_list=None
+            if self.only_black_list is None
+            else tuple(validate_op_names(self.only_black_list, "--only-black-list")),
+            _compiled={
+                "keep_fp32": _compile(self.keep_fp32, "--keep-fp32"),
+                "force_low": _compile(self.force_low, "--force-low"),
+            },
+        )
+        both = sorted(set(normalised.white_list) & set(normalised.black_list))
+        if both:
+            raise AmpError(f"op type(s) in both --white-list and --black-list: {', '.join(both)}")
+        return normalised
+
+    def op_lists(self) -> OpLists:
+        return resolve_lists(
+            self.lists,
+            self.effective_level,
+            self.dtype,
+            white_list=self.white_list,
+            black_list=self.black_list,
+            only_white_list=self.only_white_list,
+            only_black_list=self.only_black_list,
+            keep_batchnorm_fp32=self.keep_batchnorm_fp32,
+        )
+
+    def patterns(self, which: str) -> tuple[re.Pattern[str], ...]:
+        if which not in self._compiled:
+            return _compile(getattr(self, which), which)
+        return self._compiled[which]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-friendly view (for reports and plans)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name.startswith("_"):
+                continue
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        out["level"] = self.effective_level
+        return out
+
+
+def _compile(patterns: tuple[str, ...], flag: str) -> tuple[re.Pattern[str], ...]:
+    compiled = []
+    for p in patterns:
+        try:
+            compiled.append(re.compile(p))
+        except re.error as e:
+            raise AmpError(f"{flag}: invalid regular expression {p!r}: {e}") from None
+    return tuple(compiled)

@@ -1,0 +1,144 @@
+"""The conversion pipeline: load -> plan -> rewrite -> clean up -> check.
+
+(Validation, reporting and saving are the CLI's later stages; this module
+is what the Python API calls.)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import onnx
+
+from .check import check_converted
+from .cleanup import clean_up, count_casts
+from .graph import NameGenerator, all_names, build_context
+from .load import check_input_model, check_versions, load_model
+from .opset import upgrade_opset
+from .options import ConvertOptions
+from .plan import Plan, make_plan
+from .rewrite import Rewriter, RewriteStats
+from .safety import ConstantRanges
+from .schema import model_opsets
+from .typeinfo import infer_types
+
+
+@dataclass
+class ConversionResult:
+    """A converted model and everything known about how it was made.
+
+    Unpacks as ``model, plan = convert(...)``.
+    """
+
+    model: onnx.ModelProto
+    plan: Plan
+    options: ConvertOptions
+    stats: RewriteStats = field(default_factory=RewriteStats)
+    cleanup: dict[str, int] = field(default_factory=dict)
+    casts_before: int = 0
+    casts_after: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator:
+        yield self.model
+        yield self.plan
+
+    def summary(self) -> dict:
+        return {
+            "plan": self.plan.counts(),
+            "casts_before": self.casts_before,
+            "casts_after": self.casts_after,
+            "rewrite": self.stats.as_dict(),
+            "cleanup": self.cleanup,
+            "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
+        }
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.timings[stage] = self.timings.get(stage, 0.0) + now - self._t
+        self._t = now
+
+
+def load_input(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
+    """A private copy of the input: the caller's model (or file) is never changed."""
+    if isinstance(model, onnx.ModelProto):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        check_versions(copy, "model")
+        check_input_model(copy, "model")
+        return copy
+    if isinstance(model, (str, os.PathLike)):
+        return load_model(model)
+    raise TypeError(f"expected an onnx.ModelProto or a path to an .onnx file, got {type(model).__name__}")
+
+
+def convert(
+    model: onnx.ModelProto | str | os.PathLike,
+    options: ConvertOptions | None = None,
+    *,
+    check: str = "full",
+    **option_values,
+) -> ConversionResult:
+    """Convert an fp32 model to mixed precision.
+
+    ``options`` or keyword arguments (``level="O2", dtype="fp16",
+    white_list=[...]``, any :class:`ConvertOptions` field) say how. Returns a
+    :class:`ConversionResult`; ``model, plan = convert(...)`` also works.
+    """
+    if options is not None and option_values:
+        raise TypeError("pass either options or keyword options, not both")
+    options = (options or ConvertOptions(**_tuples(option_values))).validated()
+    timer = _Timer()
+    work = load_input(model)
+    timer.lap("load")
+    casts_before = count_casts(work)
+    notes = []
+    target = max(options.target_opset or 0, options.low.min_cast_opset if options.effective_level != "O0" else 0)
+    work, note = upgrade_opset(work, target)
+    if note:
+        notes.append(note + (f" ({options.low.name} Casts need it)" if target > (options.target_opset or 0) else ""))
+        timer.lap("upgrade")
+    ctx = build_context(work.graph)
+    infer_types(ctx, model_opsets(work))
+    plan = make_plan(work, ctx, options, ConstantRanges())
+    plan.notes[:0] = notes
+    timer.lap("plan")
+    result = ConversionResult(work, plan, options, casts_before=casts_before)
+    if options.effective_level != "O0":
+        result.stats = Rewriter(plan, options.low, options.io_types, NameGenerator(all_names(work))).run(ctx)
+        timer.lap("rewrite")
+        result.cleanup = clean_up(work)
+        timer.lap("cleanup")
+    check_converted(work, check)
+    timer.lap("check")
+    result.casts_after = count_casts(work)
+    result.timings = timer.timings
+    return result
+
+
+def _tuples(values: dict) -> dict:
+    """Lists given to the API become the tuples ConvertOptions stores."""
+    out = {}
+    for k, v in values.items():
+        if isinstance(v, (list, set, frozenset)):
+            v = tuple(sorted(v)) if isinstance(v, (set, frozenset)) else tuple(v)
+        elif isinstance(v, str) and k in (
+            "white_list",
+            "black_list",
+            "only_white_list",
+            "only_black_list",
+            "keep_fp32",
+            "force_low",
+        ):
+            v = (v,)
+        out[k] = v
+    return out

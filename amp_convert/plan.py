@@ -1,0 +1,429 @@
+"""Classification: decide a precision and a reason for every node.
+
+The result, a :class:`Plan`, is plain data: it is printed by ``--explain``,
+written by ``--plan-json``, put in the report, and asserted on by tests. The
+rewriter only executes it.
+
+Order of the rules (first match wins):
+
+1. nodes with no float32 tensor are left unchanged (integer, bool, already low);
+2. control flow keeps its interface types (its bodies get plans of their own);
+   quantized ops, ops of unknown type, and custom-domain ops not named in a
+   list stay float32; level O0 changes nothing;
+3. user rules: ``--keep-fp32`` then ``--force-low`` (node-name regexes);
+4. source ops (Constant, Cast(to=float), RandomNormal ...) take the precision
+   their consumers need;
+5. the level and the lists: white / black / follow / unlisted;
+6. the schema at the model's opset must admit the low dtype;
+7. safety (O1, O2): a node fed a constant that the low dtype cannot represent
+   stays float32.
+
+Follow nodes take the precision of the data reaching them (one forward pass
+in topological order). Nodes fed only by constants and graph inputs are
+"neutral" and, like sources, are resolved from their consumers (one backward
+pass). Subgraphs are planned after their parent's forward pass.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+import onnx
+
+from .dtypes import FLOAT, LowDtype
+from .graph import GraphContext
+from .lists import (
+    CONTROL_FLOW_OPS,
+    DTYPE_AGNOSTIC_INPUTS,
+    QUANTIZED_OPS,
+    SOURCE_OPS,
+    OpLists,
+)
+from .options import ConvertOptions
+from .safety import ConstantRanges
+from .schema import Signature, first_opset_admitting, is_default_domain, model_opsets, op_key, signature
+
+
+class Precision(str, Enum):
+    LOW = "low"
+    FP32 = "fp32"
+    UNCHANGED = "unchanged"  # no float32 computation: never touched
+
+
+@dataclass
+class PlanEntry:
+    """The decision for one node."""
+
+    graph: str  # "" for the main graph
+    index: int  # position in its graph
+    name: str  # node name, or OpType_index when the node has none
+    op_type: str
+    domain: str
+    precision: Precision
+    rule: str  # machine-readable rule id (e.g. "white-list", "schema")
+    reason: str  # human-readable explanation
+    low_inputs: tuple[int, ...] = ()  # input slots that run in the low dtype
+    low_outputs: tuple[int, ...] = ()
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["precision"] = self.precision.value
+        return d
+
+
+@dataclass
+class Plan:
+    """Node -> precision + reason, for every graph of a model."""
+
+    level: str
+    dtype: str
+    profile: str
+    entries: dict[str, list[PlanEntry]] = field(default_factory=dict)  # graph path -> entries by index
+    notes: list[str] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[PlanEntry]:
+        for entries in self.entries.values():
+            yield from entries
+
+    def entry(self, graph: str, index: int) -> PlanEntry:
+        return self.entries[graph][index]
+
+    def by_name(self, name: str, graph: str = "") -> PlanEntry:
+        for e in self.entries[graph]:
+            if e.name == name:
+                return e
+        raise KeyError(name)
+
+    def counts(self) -> dict[str, int]:
+        out = {p.value: 0 for p in Precision}
+        for e in self:
+            out[e.precision.value] += 1
+        return out
+
+    def as_dict(self) -> dict:
+        return {
+            "level": self.level,
+            "dtype": self.dtype,
+            "profile": self.profile,
+            "counts": self.counts(),
+            "notes": self.notes,
+            "nodes": [e.as_dict() for e in self],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), indent=1)
+
+    def format_table(self) -> str:
+        """The ``--explain`` table: one line per node."""
+        rows = [("graph", "node", "op", "precision", "reason")]
+        for e in self:
+            rows.append((e.graph or "main", e.name, op_key(e.op_type, e.domain), e.precision.value, e.reason))
+        widths = [min(max(len(r[i]) for r in rows), 48) for i in range(4)]
+        lines = []
+        for r in rows:
+            cells = [r[i][: widths[i]].ljust(widths[i]) for i in range(4)]
+            lines.append("  ".join(cells) + "  " + r[4])
+        c = self.counts()
+        lines.append(f"{c['low']} low, {c['fp32']} fp32, {c['unchanged']} unchanged")
+        return "\n".join(lines)
+
+
+# Data precision of a tensor while planning.
+LOW, F32, NEUTRAL = "low", "fp32", "neutral"
+_FOLLOW, _SOURCE = "follow", "source"  # provisional states of the forward pass
+
+
+class Demand:
+    """What consumers need: the element type each node input (and each graph
+    output) must have under a plan. Shared by the planner's backward pass and
+    the rewriter, so both agree on where Casts go."""
+
+    def __init__(self, plan: Plan, low: LowDtype, io_types: str):
+        self.plan = plan
+        self.low = low
+        self.io_low = io_types == "low"
+
+    def required_type(self, ctx: GraphContext, j: int, slot: int) -> int:
+        """The element type node ``j`` needs on input ``slot`` (0: any)."""
+        node = ctx.nodes[j]
+        if slot in DTYPE_AGNOSTIC_INPUTS.get(node.op_type, ()) and is_default_domain(node.domain):
+            return 0
+        entry = self.plan.entries[ctx.path][j]
+        if entry.precision is Precision.LOW and slot in entry.low_inputs:
+            return self.low.onnx_type
+        return ctx.type_of(node.input[slot])
+
+    def output_type(self, ctx: GraphContext, name: str) -> int:
+        """Type a graph output must have: its declared type, or low for
+        ``--io-types low`` on the main graph."""
+        declared = ctx.type_of(name)
+        if ctx.parent is None and self.io_low and declared == FLOAT:
+            return self.low.onnx_type
+        return declared
+
+    def requirements(self, ctx: GraphContext, name: str) -> set[int]:
+        """Element types that the readers of ``name`` in ``ctx`` (and in the
+        subgraphs capturing it) need; dtype-agnostic reads need nothing."""
+        wants = {self.required_type(ctx, j, slot) for j, slot in ctx.consumers.get(name, ())}
+        for j in ctx.captured_by.get(name, ()):
+            for sub in ctx.subgraphs[j]:
+                wants |= self.requirements(sub, name)
+        if name in ctx.output_names:
+            wants.add(self.output_type(ctx, name))
+        wants.discard(0)
+        return wants
+
+
+class Planner:
+    """Builds a :class:`Plan` for a model whose graphs are indexed and typed."""
+
+    def __init__(self, model: onnx.ModelProto, options: ConvertOptions, lists: OpLists, ranges: ConstantRanges):
+        self.options = options
+        self.level = options.effective_level
+        self.low: LowDtype = options.low
+        self.lists = lists
+        self.ranges = ranges
+        self.opsets = model_opsets(model)
+        self.keep_patterns = options.patterns("keep_fp32")
+        self.force_patterns = options.patterns("force_low")
+        self.safety = options.initializer_range and self.level in ("O1", "O2")
+        self.plan = Plan(self.level, options.dtype, lists.profile, notes=list(lists.notes))
+        self.states: dict[str, str] = {}  # data precision of float tensors, across scopes (names are unique)
+        self.demand = Demand(self.plan, self.low, options.io_types)
+
+    # ---------------------------------------------------------------- driver
+
+    def run(self, ctx: GraphContext) -> Plan:
+        self._plan_graph(ctx)
+        return self.plan
+
+    def _plan_graph(self, ctx: GraphContext) -> None:
+        entries: list[PlanEntry] = []
+        self.plan.entries[ctx.path] = entries
+        is_main = ctx.parent is None
+        source_state = LOW if (is_main and self.options.io_types == "low") else NEUTRAL
+        for name in ctx.input_names:
+            if self._is_float_data(ctx.types.get(name, 0)):
+                self.states[name] = source_state
+        for name, t in ctx.types.items():
+            if name in ctx.initializers and self._is_float_data(t):
+                self.states[name] = NEUTRAL
+        pending: list[int] = []  # neutral follow nodes and sources, resolved backwards
+        for i in range(len(ctx.nodes)):
+            entry, state = self._classify(ctx, i)
+            entries.append(entry)
+            if state == _FOLLOW and not self._resolve_follow(ctx, i, entry):
+                state = NEUTRAL
+            if state in (NEUTRAL, _SOURCE):
+                pending.append(i)
+            self._record_output_states(ctx, i, entry, neutral=state in (NEUTRAL, _SOURCE))
+        for subs in ctx.subgraphs.values():
+            for sub in subs:
+                self._plan_graph(sub)
+        for i in reversed(pending):
+            self._resolve_from_consumers(ctx, i, entries[i])
+
+    # ------------------------------------------------------- classification
+
+    def _classify(self, ctx: GraphContext, i: int) -> tuple[PlanEntry, str]:
+        node = ctx.nodes[i]
+        op, domain = node.op_type, node.domain
+        key = op_key(op, domain)
+        label = ctx.node_label(i)
+
+        def entry(precision: Precision, rule: str, reason: str) -> PlanEntry:
+            return PlanEntry(ctx.path, i, label, op, domain, precision, rule, reason)
+
+        default_domain = is_default_domain(domain)
+        if default_domain and op in CONTROL_FLOW_OPS:
+            return entry(Precision.FP32, "control-flow", "keeps its interface types; its bodies are converted"), "fixed"
+        float_slots = [name for name in (*node.input, *node.output) if name and ctx.type_of(name) == FLOAT]
+        if not float_slots:
+            return entry(Precision.UNCHANGED, "no-float32", "no float32 tensors (integer, bool or already low)"), "fixed"
+        if self.level == "O0":
+            return entry(Precision.FP32, "level", "O0 changes nothing"), "fixed"
+        if default_domain and op in QUANTIZED_OPS:
+            return entry(Precision.FP32, "quantized", "quantized computation is never touched"), "fixed"
+        if default_domain and op == "Cast" and _cast_to(node) != FLOAT:
+            return entry(Precision.UNCHANGED, "cast", "Cast to a non-float32 type reads any float version"), "fixed"
+        if any(ctx.type_of(name) == 0 for name in (*node.input, *node.output) if name):
+            return entry(Precision.FP32, "unknown-type", "a tensor's type is unknown; left as it is"), "fixed"
+        sig = signature(op, domain, self.opsets.get("" if default_domain else domain, 0))
+        if sig is None and default_domain:
+            return entry(Precision.FP32, "schema", f"no schema for {op} at this opset"), "fixed"
+        if not default_domain and key not in self.lists.white and not self._forced(label):
+            return entry(Precision.FP32, "custom-domain", f"custom-domain op {key}: fp32 unless on the white list"), "fixed"
+        for pattern in self.keep_patterns:
+            if pattern.search(label):
+                return entry(Precision.FP32, "user-keep-fp32", f"--keep-fp32 {pattern.pattern!r}"), "fixed"
+        for pattern in self.force_patterns:
+            if pattern.search(label):
+                return self._try_low(
+                    ctx, i, entry(Precision.LOW, "user-force-low", f"--force-low {pattern.pattern!r}"), sig, safety=False
+                ), "fixed"
+        if default_domain and op in SOURCE_OPS:
+            return entry(Precision.FP32, "source", "creates float data: takes the precision its consumers need"), _SOURCE
+        return self._by_level(ctx, i, key, sig, entry)
+
+    def _by_level(self, ctx: GraphContext, i: int, key: str, sig: Signature | None, entry) -> tuple[PlanEntry, str]:
+        kind = self.lists.kind(key)
+        if kind == "black":
+            return entry(Precision.FP32, "black-list", f"black list: {self.lists.black[key]}"), "fixed"
+        if self.level == "O3":
+            return self._try_low(ctx, i, entry(Precision.LOW, "level", "O3 runs everything low"), sig), "fixed"
+        if kind == "white":
+            return self._try_low(ctx, i, entry(Precision.LOW, "white-list", f"white list: {self.lists.white[key]}"), sig), "fixed"
+        if kind == "follow" or self.lists.unlisted_follow:
+            why = self.lists.follow.get(key, "unlisted: follows its inputs")
+            return entry(Precision.FP32, "follow", f"follow: {why}"), _FOLLOW
+        if self.level == "O1":
+            return entry(Precision.FP32, "level", "O1: not on the white list"), "fixed"
+        return self._try_low(ctx, i, entry(Precision.LOW, "level", "O2: not on the black list"), sig), "fixed"
+
+    def _forced(self, label: str) -> bool:
+        return any(p.search(label) for p in self.force_patterns)
+
+    # ------------------------------------------------------ schema + safety
+
+    def _try_low(self, ctx: GraphContext, i: int, entry: PlanEntry, sig: Signature | None, safety: bool = True) -> PlanEntry:
+        """Make ``entry`` LOW if the schema and the safety rules allow it."""
+        node = ctx.nodes[i]
+        opset = self.opsets.get("" if is_default_domain(node.domain) else node.domain, 0)
+        slots = lowered_slots(ctx, node, sig, self.low, opset)
+        if isinstance(slots, str):
+            entry.precision, entry.rule = Precision.FP32, "schema"
+            entry.reason = f"{slots} (wanted low: {entry.reason})"
+            return entry
+        low_inputs, low_outputs = slots
+        if safety and self.safety:
+            problem = self.ranges.problem(ctx, node, low_inputs, self.low)
+            if problem:
+                entry.precision, entry.rule = Precision.FP32, "safety-initializer-range"
+                entry.reason = f"{problem} (wanted low: {entry.reason})"
+                return entry
+        entry.precision = Precision.LOW
+        entry.low_inputs, entry.low_outputs = low_inputs, low_outputs
+        return entry
+
+    # ------------------------------------------------------- follow / neutral
+
+    def _resolve_follow(self, ctx: GraphContext, i: int, entry: PlanEntry) -> bool:
+        """Decide a follow node from its inputs; False if it is fed only by
+        neutral data (constants, graph inputs) and must wait for its consumers."""
+        node = ctx.nodes[i]
+        seen = set()
+        for slot, name in enumerate(node.input):
+            if name and slot not in DTYPE_AGNOSTIC_INPUTS.get(node.op_type, ()):
+                state = self.states.get(name)
+                if state in (LOW, F32):
+                    seen.add(state)
+        if not seen:
+            entry.reason = f"{entry.reason}; fed only by constants or graph inputs"
+            return False
+        if seen == {F32}:
+            entry.reason = f"{entry.reason}; its inputs are fp32"
+        elif seen == {LOW} or self.level != "O1":
+            mixed = "mixed fp32/low inputs" if len(seen) > 1 else "its inputs are low"
+            self._try_low(ctx, i, entry, self._sig(node))
+            if entry.precision is Precision.LOW:
+                entry.reason = f"{entry.reason}; {mixed}"
+        else:
+            entry.reason = f"{entry.reason}; mixed inputs run in the widest type (O1)"
+        return True
+
+    def _record_output_states(self, ctx: GraphContext, i: int, entry: PlanEntry, neutral: bool) -> None:
+        node = ctx.nodes[i]
+        for k, name in enumerate(node.output):
+            if not name:
+                continue
+            t = ctx.types.get(name, 0)
+            if not self._is_float_data(t):
+                continue
+            if neutral:
+                self.states[name] = NEUTRAL
+            elif t != FLOAT or (entry.precision is Precision.LOW and k in entry.low_outputs):
+                self.states[name] = LOW
+            else:
+                self.states[name] = F32
+
+    def _resolve_from_consumers(self, ctx: GraphContext, i: int, entry: PlanEntry) -> None:
+        """Backward pass: neutral nodes and sources run low when their
+        consumers do (all of them at O1, any of them at O2/O3)."""
+        node = ctx.nodes[i]
+        wants: set[int] = set()
+        for name in node.output:
+            if name and ctx.types.get(name) == FLOAT:
+                wants |= self.demand.requirements(ctx, name)
+        low = self.low.onnx_type
+        if not wants:
+            entry.reason = f"{entry.reason}; no consumer needs another type"
+            return
+        go_low = low in wants if self.level in ("O2", "O3") else wants == {low}
+        if not go_low:
+            entry.reason = f"{entry.reason}; consumers need fp32"
+            return
+        why = "all consumers run low" if wants == {low} else "some consumers run low"
+        # A source's own value is checked by its consumers' safety rule.
+        self._try_low(ctx, i, entry, self._sig(node), safety=entry.rule != "source")
+        if entry.precision is Precision.LOW:
+            entry.reason = f"{entry.reason}; {why}"
+            for k in entry.low_outputs:
+                self.states[node.output[k]] = LOW
+
+    # ------------------------------------------------------------- helpers
+
+    def _sig(self, node: onnx.NodeProto) -> Signature | None:
+        domain = "" if is_default_domain(node.domain) else node.domain
+        return signature(node.op_type, node.domain, self.opsets.get(domain, 0))
+
+    def _is_float_data(self, t: int) -> bool:
+        return t == FLOAT or t == self.low.onnx_type
+
+
+def _cast_to(node: onnx.NodeProto) -> int:
+    for a in node.attribute:
+        if a.name == "to":
+            return a.i
+    return 0
+
+
+def lowered_slots(
+    ctx: GraphContext, node: onnx.NodeProto, sig: Signature | None, low: LowDtype, opset: int = 0
+) -> tuple[tuple[int, ...], tuple[int, ...]] | str:
+    """Input and output slots that switch to ``low`` when the node runs low,
+    or a reason why it cannot.
+
+    Every type variable bound to a float32 tensor switches, if the schema
+    admits the low dtype for it; a type variable that does not admit it
+    keeps its inputs fp32 (Resize ``scales``), and stops the node if it binds
+    an output. Ops without a schema (custom domains the user listed) switch
+    all float32 tensors.
+    """
+    ins = [(slot, n) for slot, n in enumerate(node.input) if n and ctx.type_of(n) == FLOAT]
+    outs = [(slot, n) for slot, n in enumerate(node.output) if n and ctx.type_of(n) == FLOAT]
+    if sig is None:
+        return tuple(s for s, _ in ins), tuple(s for s, _ in outs)
+    blocked: set[str] = set()
+    for slot, _ in ins:
+        type_str = sig.input_type(slot) or ""
+        if not sig.admits(type_str, low.onnx_type):
+            blocked.add(type_str)
+    for slot, name in outs:
+        type_str = sig.output_type(slot) or ""
+        if not sig.admits(type_str, low.onnx_type):
+            reason = f"schema of {node.op_type} (opset {sig.since_version}) does not admit {low.name} for output {name!r}"
+            newer = first_opset_admitting(node.op_type, node.domain, opset, low.onnx_type)
+            return reason + (f"; it does from opset {newer} (--target-opset {newer})" if newer else "")
+    low_inputs = tuple(s for s, _ in ins if (sig.input_type(s) or "") not in blocked)
+    low_outputs = tuple(s for s, _ in outs)
+    if not low_inputs and not low_outputs:
+        return f"schema of {node.op_type} (opset {sig.since_version}) admits no {low.name} input or output"
+    return low_inputs, low_outputs
+
+
+def make_plan(model: onnx.ModelProto, ctx: GraphContext, options: ConvertOptions, ranges: ConstantRanges) -> Plan:
+    """Classify every node of ``model`` (indexed and typed in ``ctx``)."""
+    return Planner(model, options, options.op_lists(), ranges).run(ctx)

@@ -1,0 +1,279 @@
+"""Rewriting: execute a plan on the graph.
+
+* Each float tensor gets at most one version per element type: the Cast that
+  makes the fp16 copy of ``x`` is created once, right after ``x``'s producer,
+  and shared by every consumer that needs it.
+* A low node's float outputs change type in place (names are kept), except
+  graph outputs that must keep their type: the node then writes ``y_fp16``
+  and a Cast writes ``y``.
+* Initializers read only in low precision are stored low; shared ones stay
+  fp32 and low readers get a Cast. Values beyond the low dtype's range are
+  clipped and counted, tiny ones flushed and counted: never silently.
+* Source ops that run low get their dtype attribute (Cast ``to``,
+  RandomNormal ``dtype`` ...) or their value (Constant, ConstantOfShape)
+  rewritten.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .dtypes import FLOAT, LowDtype
+from .graph import GraphContext, NameGenerator
+from .lists import DTYPE_ATTRIBUTE_OPS
+from .plan import Demand, Plan, Precision
+from .schema import is_default_domain
+
+
+@dataclass
+class RewriteStats:
+    """What the rewrite did, for the report."""
+
+    casts_inserted: int = 0
+    initializers_lowered: int = 0
+    initializers_shared: int = 0  # kept fp32 because fp32 and low readers share them
+    constants_lowered: int = 0
+    attributes_rewritten: int = 0
+    outputs_renamed: list[str] = field(default_factory=list)
+    clipped: dict[str, int] = field(default_factory=dict)  # constant -> values clipped to +-max
+    flushed: dict[str, int] = field(default_factory=dict)  # constant -> non-zero values that became 0
+
+    def as_dict(self) -> dict:
+        return {
+            "casts_inserted": self.casts_inserted,
+            "initializers_lowered": self.initializers_lowered,
+            "initializers_shared": self.initializers_shared,
+            "constants_lowered": self.constants_lowered,
+            "attributes_rewritten": self.attributes_rewritten,
+            "outputs_renamed": self.outputs_renamed,
+            "values_clipped": sum(self.clipped.values()),
+            "values_flushed_to_zero": sum(self.flushed.values()),
+            "clipped": self.clipped,
+            "flushed": self.flushed,
+        }
+
+
+def to_low_array(array: np.ndarray, low: LowDtype, name: str, stats: RewriteStats) -> np.ndarray:
+    """Convert float32 values to ``low``, clipping out-of-range values and
+    counting both clipped and flushed values."""
+    a = np.asarray(array, dtype=np.float32)
+    finite = np.isfinite(a)
+    over = finite & (np.abs(a) > low.max)
+    n_over = int(np.count_nonzero(over))
+    if n_over:
+        a = np.where(over, np.sign(a) * np.float32(low.max), a)
+        stats.clipped[name] = stats.clipped.get(name, 0) + n_over
+    out = a.astype(low.numpy)
+    n_flushed = int(np.count_nonzero((a != 0) & (out.astype(np.float32) == 0)))
+    if n_flushed:
+        stats.flushed[name] = stats.flushed.get(name, 0) + n_flushed
+    return out
+
+
+def lower_tensor(tensor: onnx.TensorProto, low: LowDtype, stats: RewriteStats, label: str = "") -> None:
+    """Rewrite a float32 TensorProto in place as ``low`` (same name)."""
+    converted = to_low_array(numpy_helper.to_array(tensor), low, label or tensor.name, stats)
+    new = numpy_helper.from_array(converted, tensor.name)
+    new.doc_string = tensor.doc_string
+    tensor.CopyFrom(new)
+
+
+class Rewriter:
+    """Applies a :class:`Plan` to the graphs indexed by a GraphContext tree."""
+
+    def __init__(self, plan: Plan, low: LowDtype, io_types: str, names: NameGenerator):
+        self.plan = plan
+        self.low = low
+        self.io_low = io_types == "low"
+        self.demand = Demand(plan, low, io_types)
+        self.names = names
+        self.stats = RewriteStats()
+        # name -> {element type: name of the tensor holding that version}, per scope
+        self._versions: dict[str, dict[str, dict[int, str]]] = {}
+
+    def run(self, ctx: GraphContext) -> RewriteStats:
+        self._rewrite_graph(ctx)
+        return self.stats
+
+    # ------------------------------------------------------------------ graph
+
+    def _rewrite_graph(self, ctx: GraphContext) -> None:
+        versions: dict[str, dict[int, str]] = {}
+        self._versions[ctx.path] = versions
+        top: list[onnx.NodeProto] = []
+        after: dict[int, list[onnx.NodeProto]] = {}
+        changed: dict[str, int] = {}  # tensor -> new element type (for value_info)
+        low = self.low.onnx_type
+
+        if ctx.parent is None and self.io_low:
+            for value in ctx.graph.input:
+                if ctx.types.get(value.name) == FLOAT and value.name not in ctx.initializers:
+                    value.type.tensor_type.elem_type = low
+                    versions[value.name] = {low: value.name}
+        for name, tensor in ctx.initializers.items():
+            if tensor.data_type != FLOAT:
+                continue
+            wants = self.demand.requirements(ctx, name)
+            if wants == {low}:
+                lower_tensor(tensor, self.low, self.stats)
+                versions[name] = {low: name}
+                changed[name] = low
+                self.stats.initializers_lowered += 1
+            elif low in wants:
+                self.stats.initializers_shared += 1
+
+        entries = self.plan.entries[ctx.path]
+        for i, node in enumerate(ctx.nodes):
+            entry = entries[i]
+            for slot, name in enumerate(node.input):
+                if not name or ctx.type_of(name) not in (FLOAT, low):
+                    continue
+                need = self.demand.required_type(ctx, i, slot)
+                if need:
+                    node.input[slot] = self._version(ctx, name, need, top, after)
+            for sub in ctx.subgraphs.get(i, ()):
+                self._rewrite_graph(sub)
+            if entry.precision is Precision.LOW:
+                self._lower_node(node)
+                for k in entry.low_outputs:
+                    versions[node.output[k]] = {low: node.output[k]}
+                    changed[node.output[k]] = low
+            self._fix_graph_outputs(ctx, i, node, changed, after)
+        if ctx.parent is not None:
+            self._fix_passthrough_outputs(ctx, top, after)
+
+        if ctx.parent is None and self.io_low:
+            for value in ctx.graph.output:
+                if value.type.tensor_type.elem_type == FLOAT:
+                    value.type.tensor_type.elem_type = low
+        for value in ctx.graph.value_info:
+            if value.name in changed and value.type.HasField("tensor_type"):
+                value.type.tensor_type.elem_type = changed[value.name]
+        if top or after:
+            ordered = list(top)
+            for i, node in enumerate(ctx.nodes):
+                ordered.append(node)
+                ordered.extend(after.get(i, ()))
+            ctx.graph.ClearField("node")
+            ctx.graph.node.extend(ordered)
+            self.stats.casts_inserted += len(top) + sum(len(v) for v in after.values())
+
+    def _fix_graph_outputs(self, ctx: GraphContext, i: int, node: onnx.NodeProto, changed: dict, after: dict) -> None:
+        """A graph output whose producer now writes another type keeps its
+        name and type: the producer writes a renamed tensor, a Cast the output."""
+        for k, name in enumerate(node.output):
+            if not name or name not in ctx.output_names:
+                continue
+            current = changed.get(name, ctx.type_of(name))
+            wanted = self.demand.output_type(ctx, name)
+            if not wanted or current == wanted:
+                continue
+            renamed = self.names(f"{name}_{_short(current)}")
+            node.output[k] = renamed
+            after.setdefault(i, []).append(self._cast_node(renamed, name, wanted))
+            self._versions[ctx.path][name] = {current: renamed, wanted: name}
+            self.stats.outputs_renamed.append(name)
+
+    def _fix_passthrough_outputs(self, ctx: GraphContext, top: list, after: dict) -> None:
+        """Subgraph outputs that name a value from elsewhere (an outer-scope
+        tensor, a body input) get a Cast when that value changed type; body
+        outputs bind by position, so the output may take the Cast's name."""
+        for value in ctx.graph.output:
+            name = value.name
+            if name in ctx.producer:
+                continue
+            vs = self._lookup(ctx, name)
+            wanted = ctx.type_of(name)
+            if vs is None or wanted in vs or not wanted:
+                continue
+            value.name = self._version(ctx, name, wanted, top, after)
+
+    # ---------------------------------------------------------------- versions
+
+    def _lookup(self, ctx: GraphContext, name: str) -> dict[int, str] | None:
+        scope: GraphContext | None = ctx
+        while scope is not None:
+            vs = self._versions.get(scope.path, {}).get(name)
+            if vs is not None:
+                return vs
+            if scope.defines(name):
+                return None
+            scope = scope.parent
+        return None
+
+    def _version(self, ctx: GraphContext, name: str, need: int, top: list, after: dict) -> str:
+        """Name of ``name``'s version in element type ``need``, creating the
+        (shared) Cast the first time it is asked for."""
+        vs = self._lookup(ctx, name)
+        if vs is None:
+            vs = {ctx.type_of(name): name}
+        if need in vs:
+            return vs[need]
+        source = vs.get(FLOAT) or next(iter(vs.values()))
+        target = self.names(f"{name}_{_short(need)}")
+        cast = self._cast_node(source, target, need)
+        producer = ctx.producer.get(name)
+        if ctx.defines(name) and producer is not None:
+            after.setdefault(producer, []).append(cast)
+        else:  # graph input, initializer, or a value captured from an outer scope
+            top.append(cast)
+        local = self._versions[ctx.path]
+        local[name] = {**vs, need: target}
+        return target
+
+    def _cast_node(self, source: str, target: str, to: int) -> onnx.NodeProto:
+        return helper.make_node("Cast", [source], [target], name=self.names(f"{target}_cast"), to=to)
+
+    # -------------------------------------------------------------- node body
+
+    def _lower_node(self, node: onnx.NodeProto) -> None:
+        """Rewrite the attributes that fix a low node's output type."""
+        if not is_default_domain(node.domain):
+            return
+        op = node.op_type
+        low = self.low.onnx_type
+        if op in DTYPE_ATTRIBUTE_OPS:
+            _set_int_attr(node, DTYPE_ATTRIBUTE_OPS[op], low)
+            self.stats.attributes_rewritten += 1
+        elif op == "Constant":
+            self._lower_constant(node)
+        elif op == "ConstantOfShape":
+            for a in node.attribute:
+                if a.name == "value":
+                    lower_tensor(a.t, self.low, self.stats, node.output[0])
+                    break
+            else:
+                node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(np.zeros(1, self.low.numpy))))
+            self.stats.constants_lowered += 1
+
+    def _lower_constant(self, node: onnx.NodeProto) -> None:
+        for idx, a in enumerate(node.attribute):
+            if a.name == "value":
+                lower_tensor(a.t, self.low, self.stats, node.output[0])
+            elif a.name in ("value_float", "value_floats"):
+                values = np.array(a.f if a.name == "value_float" else list(a.floats), dtype=np.float32)
+                tensor = numpy_helper.from_array(to_low_array(values, self.low, node.output[0], self.stats))
+                del node.attribute[idx]
+                node.attribute.append(helper.make_attribute("value", tensor))
+            else:
+                continue
+            self.stats.constants_lowered += 1
+            return
+
+
+def _set_int_attr(node: onnx.NodeProto, name: str, value: int) -> None:
+    for a in node.attribute:
+        if a.name == name:
+            a.i = value
+            return
+    node.attribute.append(helper.make_attribute(name, value))
+
+
+def _short(elem_type: int) -> str:
+    return {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16"}.get(
+        elem_type, onnx.TensorProto.DataType.Name(elem_type).lower()
+    )

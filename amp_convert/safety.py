@@ -1,0 +1,120 @@
+"""Safety rule on constants: a node whose float constants the low dtype
+cannot represent stays float32.
+
+Static lists cannot know that one model's BatchNorm variance is 1e8 or that
+an epsilon of 1e-12 becomes zero in fp16. The values can: this module looks
+at the constants (initializers and Constant nodes, also when they reach the
+node through data-movement ops such as Reshape) that a node would read in
+low precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .dtypes import LowDtype
+from .graph import GraphContext
+
+# Ops that pass a constant's values through unchanged (so a constant behind
+# them still reaches the consumer as it is).
+PASS_THROUGH_OPS = frozenset(
+    {"Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Tile", "Gather", "Slice", "Concat", "Cast"}
+)
+_MAX_DEPTH = 8
+# Underflow matters for small constants (epsilons, scales) or when most of
+# the non-zero values of a tensor would vanish; a few tiny weights do not.
+SMALL_CONSTANT = 16
+
+
+@dataclass(frozen=True)
+class ValueStats:
+    """What the converter needs to know about a constant's values."""
+
+    size: int
+    abs_max: float
+    nonzero: int
+    underflow_fp16: int  # non-zero values that round to zero in fp16
+    underflow_bf16: int
+    nonfinite: int
+
+    def underflow(self, low: LowDtype) -> int:
+        return self.underflow_fp16 if low.key == "fp16" else self.underflow_bf16
+
+
+def value_stats(array: np.ndarray) -> ValueStats:
+    a = np.abs(array.astype(np.float32, copy=False).ravel())
+    finite = np.isfinite(a)
+    nonfinite = int(a.size - np.count_nonzero(finite))
+    if nonfinite:
+        a = a[finite]
+    if a.size == 0:
+        return ValueStats(int(array.size), 0.0, 0, 0, 0, nonfinite)
+    nonzero = a > 0
+    # Half the smallest subnormal rounds to zero.
+    fp16_zero = np.float32(2.0**-25)
+    bf16_zero = np.float32(2.0**-134)
+    return ValueStats(
+        size=int(array.size),
+        abs_max=float(a.max()),
+        nonzero=int(np.count_nonzero(nonzero)),
+        underflow_fp16=int(np.count_nonzero(nonzero & (a <= fp16_zero))),
+        underflow_bf16=int(np.count_nonzero(nonzero & (a <= bf16_zero))),
+        nonfinite=nonfinite,
+    )
+
+
+def constant_array(tensor: onnx.TensorProto) -> np.ndarray:
+    return numpy_helper.to_array(tensor)
+
+
+class ConstantRanges:
+    """Finds and caches the value statistics of the constants nodes read."""
+
+    def __init__(self) -> None:
+        self._stats: dict[str, ValueStats] = {}
+
+    def stats(self, name: str, tensor: onnx.TensorProto) -> ValueStats:
+        if name not in self._stats:
+            self._stats[name] = value_stats(constant_array(tensor))
+        return self._stats[name]
+
+    def constant_behind(self, ctx: GraphContext, name: str) -> tuple[str, onnx.TensorProto] | None:
+        """The constant whose values reach tensor ``name`` unchanged, if any."""
+        for _ in range(_MAX_DEPTH):
+            scope = ctx.scope_of(name)
+            if scope is None:
+                return None
+            if name in scope.initializers:
+                return name, scope.initializers[name]
+            producer = scope.producer.get(name)
+            if producer is None:
+                return None
+            node = scope.nodes[producer]
+            if node.op_type == "Constant":
+                for a in node.attribute:
+                    if a.name == "value":
+                        return name, a.t
+                return None
+            if node.op_type not in PASS_THROUGH_OPS or not node.input or not node.input[0]:
+                return None
+            ctx, name = scope, node.input[0]
+        return None
+
+    def problem(self, ctx: GraphContext, node: onnx.NodeProto, low_inputs: tuple[int, ...], low: LowDtype) -> str | None:
+        """Why ``node`` cannot read its constants in ``low``, or None."""
+        for slot in low_inputs:
+            found = self.constant_behind(ctx, node.input[slot])
+            if found is None:
+                continue
+            name, tensor = found
+            s = self.stats(name, tensor)
+            if s.abs_max > low.max:
+                return f"safety: constant {name!r} holds values up to {s.abs_max:.4g}, beyond {low.name}'s max {low.max:.6g}"
+            lost = s.underflow(low)
+            if lost and (s.size <= SMALL_CONSTANT or lost * 2 > s.nonzero):
+                return f"safety: {lost} of {s.nonzero} non-zero values of constant {name!r} would become 0 in {low.name}"
+        return None

@@ -1,0 +1,69 @@
+"""Small-graph builders and runners shared by the tests (real onnx, real onnxruntime)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+F32, F16, BF16, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.INT64
+
+ort.set_default_logger_severity(3)
+
+
+def value(name: str, elem: int = F32, shape: Sequence | None = (2, 4)) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def init(name: str, array) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(array), name)
+
+
+def model(
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    initializers: Sequence[onnx.TensorProto] = (),
+    opset: int = 17,
+    extra_opsets: Sequence[tuple[str, int]] = (),
+) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    imports = [helper.make_opsetid("", opset), *(helper.make_opsetid(d, v) for d, v in extra_opsets)]
+    m = helper.make_model(graph, opset_imports=imports)
+    m.ir_version = 8
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+def run(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def nodes_of(m: onnx.ModelProto, op_type: str) -> list[onnx.NodeProto]:
+    return [n for n in m.graph.node if n.op_type == op_type]
+
+
+def elem_types(m: onnx.ModelProto) -> dict[str, int]:
+    """Element type of every tensor of the main graph, from ONNX shape inference."""
+    inferred = onnx.shape_inference.infer_shapes(m, strict_mode=True)
+    g = inferred.graph
+    out = {v.name: v.type.tensor_type.elem_type for v in (*g.input, *g.output, *g.value_info)}
+    out.update({t.name: t.data_type for t in g.initializer})
+    return out
+
+
+def init_type(m: onnx.ModelProto, name: str) -> int:
+    return next(t.data_type for t in m.graph.initializer if t.name == name)
+
+
+def casts_into(m: onnx.ModelProto, tensor: str) -> list[onnx.NodeProto]:
+    """Cast nodes that read ``tensor``."""
+    return [n for n in nodes_of(m, "Cast") if n.input[0] == tensor]
+
+
+def attr(node: onnx.NodeProto, name: str):
+    return helper.get_attribute_value(next(a for a in node.attribute if a.name == name))

@@ -1,0 +1,492 @@
+"""Each classification and rewriting rule on a small graph built for it.
+
+Assertions are on the plan (precision + rule per node) and on the written
+graph (which nodes are low, where Casts are, how many, initializer dtypes),
+and every converted model passes the full checker (convert runs it) and,
+for fp16, runs in onnxruntime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from helpers import BF16, F16, F32, I64, attr, casts_into, elem_types, init, init_type, model, nodes_of, run, value
+from onnx import helper
+
+from amp_convert import ConvertOptions, Precision, convert
+
+RNG = np.random.default_rng(0)
+
+
+def w(*shape, scale=0.5):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def close(a, b, tol=2e-2):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    return np.max(np.abs(a - b)) <= tol * (np.max(np.abs(a)) + 1e-3)
+
+
+def x_feed(shape=(2, 4)):
+    return {"x": RNG.standard_normal(shape).astype(np.float32)}
+
+
+def mm_chain(middle_ops=("Softmax",)):
+    """x -> MatMul(W1) -> middle ops -> MatMul(W2) -> y."""
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h0"], name="mm1")]
+    prev = "h0"
+    for i, op in enumerate(middle_ops):
+        kwargs = {"axis": -1} if op == "Softmax" else {}
+        nodes.append(helper.make_node(op, [prev], [f"h{i + 1}"], name=f"mid{i}", **kwargs))
+        prev = f"h{i + 1}"
+    nodes.append(helper.make_node("MatMul", [prev, "W2"], ["y"], name="mm2"))
+    return model(nodes, [value("x")], [value("y")], [init("W1", w(4, 4)), init("W2", w(4, 4))])
+
+
+# ---------------------------------------------------------------- levels / lists
+
+
+def test_o1_follow_ops_between_white_ops_need_no_casts():
+    m = mm_chain(("Relu", "Neg", "Identity"))
+    out, plan = convert(m, level="O1")
+    assert {e.name: e.precision for e in plan} == {n: Precision.LOW for n in ("mm1", "mid0", "mid1", "mid2", "mm2")}
+    assert plan.by_name("mid1").rule == "follow"
+    # one Cast in (x -> fp16), one out (y back to fp32), none in between
+    casts = nodes_of(out, "Cast")
+    assert len(casts) == 2
+    assert casts_into(out, "x") and [n.output[0] for n in casts if n.output[0] == "y"] == ["y"]
+    types = elem_types(out)
+    assert types["h0"] == types["h2"] == F16
+    assert init_type(out, "W1") == init_type(out, "W2") == F16
+    feeds = x_feed()
+    assert close(run(m, feeds)[0], run(out, feeds)[0])
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_black_list_op_stays_fp32_between_low_ops(level):
+    m = mm_chain(("Softmax",))
+    out, plan = convert(m, level=level)
+    assert plan.by_name("mid0").precision is Precision.FP32 and plan.by_name("mid0").rule == "black-list"
+    assert plan.by_name("mm1").precision is Precision.LOW and plan.by_name("mm2").precision is Precision.LOW
+    types = elem_types(out)
+    assert types["h0"] == F16 and types["h1"] == F32
+    assert len(nodes_of(out, "Cast")) == 4  # x in, h0 up, h1 down, y out
+    feeds = x_feed()
+    assert close(run(m, feeds)[0], run(out, feeds)[0])
+
+
+def test_o3_runs_black_list_ops_low():
+    m = mm_chain(("Softmax",))
+    out, plan = convert(m, level="O3")
+    assert all(e.precision is Precision.LOW for e in plan)
+    assert len(nodes_of(out, "Cast")) == 2
+
+
+def test_o0_changes_nothing():
+    m = mm_chain(("Softmax",))
+    out, plan = convert(m, level="O0")
+    assert all(e.precision is not Precision.LOW for e in plan)
+    assert out.graph == m.graph
+
+
+@pytest.mark.parametrize(("level", "expected"), [("O1", Precision.FP32), ("O2", Precision.LOW)])
+def test_unlisted_op_is_fp32_at_o1_and_low_at_o2(level, expected):
+    # The mindspore profile does not list Softmax: it is "unlisted".
+    _, plan = convert(mm_chain(("Softmax",)), level=level, lists="mindspore")
+    assert plan.by_name("mid0").precision is expected
+    assert plan.by_name("mid0").rule == "level"
+
+
+def test_user_white_and_black_lists_move_ops():
+    m = mm_chain(("Softmax",))
+    _, plan = convert(m, level="O2", white_list=["Softmax"], black_list=["MatMul"])
+    assert plan.by_name("mid0").precision is Precision.LOW and plan.by_name("mid0").rule == "white-list"
+    assert plan.by_name("mm1").precision is Precision.FP32 and plan.by_name("mm1").reason == "black list: --black-list"
+
+
+def test_only_white_list_behaves_as_o1_with_that_list():
+    _, plan = convert(mm_chain(("Softmax",)), only_white_list=["Softmax"])
+    assert plan.level == "O1"
+    assert plan.by_name("mid0").precision is Precision.LOW
+    assert plan.by_name("mm1").precision is Precision.FP32
+
+
+def test_only_black_list_behaves_as_o2_with_that_list():
+    _, plan = convert(mm_chain(("Softmax",)), only_black_list=["MatMul"])
+    assert plan.level == "O2"
+    assert plan.by_name("mid0").precision is Precision.LOW
+    assert plan.by_name("mm1").precision is Precision.FP32
+
+
+def test_node_name_rules_beat_the_lists():
+    m = mm_chain(("Softmax",))
+    _, plan = convert(m, level="O2", keep_fp32=["^mm1$"], force_low=["mid"])
+    assert plan.by_name("mm1").precision is Precision.FP32 and plan.by_name("mm1").rule == "user-keep-fp32"
+    assert plan.by_name("mid0").precision is Precision.LOW and plan.by_name("mid0").rule == "user-force-low"
+
+
+def batchnorm_model():
+    x = value("x", shape=(1, 2, 3, 3))
+    nodes = [
+        helper.make_node("Conv", ["x", "W"], ["c"], name="conv"),
+        helper.make_node("BatchNormalization", ["c", "s", "b", "mean", "var"], ["y"], name="bn"),
+    ]
+    inits = [init("W", w(2, 2, 1, 1)), init("s", w(2)), init("b", w(2)), init("mean", w(2)), init("var", np.ones(2, np.float32))]
+    return model(nodes, [x], [value("y", shape=(1, 2, 3, 3))], inits)
+
+
+@pytest.mark.parametrize(
+    ("level", "keep", "expected"),
+    [
+        ("O2", None, Precision.FP32),
+        ("O2", False, Precision.LOW),
+        ("O3", None, Precision.LOW),
+        ("O3", True, Precision.FP32),
+    ],
+)
+def test_keep_batchnorm_fp32(level, keep, expected):
+    out, plan = convert(batchnorm_model(), level=level, keep_batchnorm_fp32=keep)
+    assert plan.by_name("bn").precision is expected
+    assert init_type(out, "var") == (F16 if expected is Precision.LOW else F32)
+
+
+# ---------------------------------------------------------------- schema rules
+
+
+def test_resize_scales_stay_float32():
+    x = value("x", shape=(1, 2, 4, 4))
+    nodes = [
+        helper.make_node("Conv", ["x", "W"], ["c"], name="conv"),
+        helper.make_node("Resize", ["c", "", "scales"], ["r"], name="resize", mode="nearest"),
+        helper.make_node("Conv", ["r", "W2"], ["y"], name="conv2"),
+    ]
+    inits = [init("W", w(2, 2, 1, 1)), init("scales", np.array([1, 1, 2, 2], np.float32)), init("W2", w(2, 2, 1, 1))]
+    m = model(nodes, [x], [value("y", shape=(1, 2, 8, 8))], inits)
+    out, plan = convert(m, level="O1")
+    resize = plan.by_name("resize")
+    assert resize.precision is Precision.LOW and resize.low_inputs == (0,)
+    assert init_type(out, "scales") == F32
+    assert not casts_into(out, "scales")
+    feeds = {"x": RNG.standard_normal((1, 2, 4, 4)).astype(np.float32)}
+    assert close(run(m, feeds)[0], run(out, feeds)[0])
+
+
+def test_op_whose_schema_has_no_low_type_stays_fp32_even_at_o3():
+    boxes, scores = value("boxes", shape=(1, 3, 4)), value("scores", shape=(1, 1, 3))
+    nodes = [
+        helper.make_node("Relu", ["boxes"], ["b"], name="relu"),
+        helper.make_node("NonMaxSuppression", ["b", "scores"], ["sel"], name="nms"),
+    ]
+    m = model(nodes, [boxes, scores], [value("sel", I64, shape=("n", 3))])
+    out, plan = convert(m, level="O3")
+    nms = plan.by_name("nms")
+    assert nms.precision is Precision.FP32 and nms.rule == "schema"
+    assert "admits no float16" in nms.reason
+    assert elem_types(out)["b"] == F16 and len(casts_into(out, "b")) == 1
+
+
+def test_bf16_follows_the_schema_at_the_models_opset():
+    def conv(opset):
+        x = value("x", shape=(1, 2, 3, 3))
+        y = value("y", shape=(1, 2, 3, 3))
+        return model(
+            [helper.make_node("Conv", ["x", "W"], ["y"], name="conv")], [x], [y], [init("W", w(2, 2, 1, 1))], opset=opset
+        )
+
+    _, plan17 = convert(conv(17), level="O1", dtype="bf16")
+    assert plan17.by_name("conv").precision is Precision.FP32 and plan17.by_name("conv").rule == "schema"
+    out22, plan22 = convert(conv(22), level="O1", dtype="bf16")
+    assert plan22.by_name("conv").precision is Precision.LOW
+    assert init_type(out22, "W") == BF16
+
+
+def test_integer_computation_is_untouched():
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        helper.make_node("Add", ["s", "one"], ["s1"], name="int_add"),
+        helper.make_node("MatMul", ["x", "W"], ["y"], name="mm"),
+    ]
+    inits = [init("W", w(4, 4)), init("one", np.array([1], np.int64))]
+    m = model(nodes, [value("x")], [value("y"), value("s1", I64, shape=(2,))], inits)
+    out, plan = convert(m, level="O3")
+    assert plan.by_name("int_add").precision is Precision.UNCHANGED and plan.by_name("int_add").rule == "no-float32"
+    assert init_type(out, "one") == I64
+
+
+def test_custom_domain_ops_are_fp32_unless_listed():
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("MyOp", ["h"], ["y"], name="custom", domain="com.example"),
+    ]
+    m = helper.make_model(
+        helper.make_graph(nodes, "g", [value("x")], [value("y")], [init("W", w(4, 4))]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)],
+    )
+    m.ir_version = 8
+    out, plan = convert(m, level="O3")
+    assert plan.by_name("custom").precision is Precision.FP32 and plan.by_name("custom").rule == "custom-domain"
+    assert len(casts_into(out, "h")) == 1
+    out2, plan2 = convert(m, level="O3", white_list=["com.example::MyOp"])
+    assert plan2.by_name("custom").precision is Precision.LOW
+    assert not casts_into(out2, "h")
+
+
+# ---------------------------------------------------------------- sources and constants
+
+
+def test_constants_and_casts_feeding_low_nodes_are_rewritten_in_place():
+    nodes = [
+        helper.make_node("Constant", [], ["k"], name="const", value=init("kv", w(4, 4))),
+        helper.make_node("ConstantOfShape", ["shape"], ["z"], name="cos", value=init("zv", np.array([0.5], np.float32))),
+        helper.make_node("Cast", ["ids"], ["idsf"], name="cast", to=F32),
+        helper.make_node("Add", ["x", "z"], ["xz"], name="add"),
+        helper.make_node("Add", ["xz", "idsf"], ["xzi"], name="add2"),
+        helper.make_node("MatMul", ["xzi", "k"], ["y"], name="mm"),
+    ]
+    m = model(
+        nodes,
+        [value("x"), value("ids", I64)],
+        [value("y")],
+        [init("shape", np.array([2, 4], np.int64))],
+    )
+    out, plan = convert(m, level="O1")
+    for name in ("const", "cos", "cast", "add", "add2", "mm"):
+        assert plan.by_name(name).precision is Precision.LOW, name
+    by_name = {n.name: n for n in out.graph.node}
+    assert attr(by_name["const"], "value").data_type == F16
+    assert attr(by_name["cos"], "value").data_type == F16
+    assert attr(by_name["cast"], "to") == F16
+    assert len(nodes_of(out, "Cast")) == 3  # the rewritten one, x in, y out
+    feeds = {"x": RNG.standard_normal((2, 4)).astype(np.float32), "ids": np.arange(8, dtype=np.int64).reshape(2, 4) % 3}
+    assert close(run(m, feeds)[0], run(out, feeds)[0])
+
+
+def test_dtype_attribute_of_random_ops_is_rewritten():
+    nodes = [
+        helper.make_node("RandomNormalLike", ["x"], ["noise"], name="rnd", scale=0.0),
+        helper.make_node("Add", ["x", "noise"], ["h"], name="add"),
+        helper.make_node("MatMul", ["h", "W"], ["y"], name="mm"),
+    ]
+    m = model(nodes, [value("x")], [value("y")], [init("W", w(4, 4))])
+    out, plan = convert(m, level="O1")
+    assert plan.by_name("rnd").precision is Precision.LOW
+    assert attr(next(n for n in out.graph.node if n.name == "rnd"), "dtype") == F16
+    assert not casts_into(out, "noise")
+
+
+def test_initializer_shared_by_low_and_fp32_nodes_keeps_fp32_with_one_cast():
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["a"], name="mm"),
+        helper.make_node("Softmax", ["W"], ["sw"], name="sm"),
+        helper.make_node("MatMul", ["a", "sw"], ["y"], name="mm2"),
+        helper.make_node("MatMul", ["x", "W"], ["b"], name="mm3"),
+    ]
+    m = model(nodes, [value("x")], [value("y"), value("b")], [init("W", w(4, 4))])
+    out, plan = convert(m, level="O1")
+    assert plan.by_name("sm").precision is Precision.FP32
+    assert init_type(out, "W") == F32
+    assert len(casts_into(out, "W")) == 1  # one fp16 copy, shared by mm and mm3
+    assert len(casts_into(out, "x")) == 1
+    feeds = x_feed()
+    for a, b in zip(run(m, feeds), run(out, feeds), strict=True):
+        assert close(a, b)
+
+
+def test_out_of_range_constant_keeps_its_consumer_fp32_unless_forced():
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("Mul", ["h", "big"], ["y"], name="scale_up"),
+    ]
+    m = model(nodes, [value("x")], [value("y")], [init("W", w(4, 4)), init("big", np.array([1e6], np.float32))])
+    out, plan = convert(m, level="O2")
+    entry = plan.by_name("scale_up")
+    assert entry.precision is Precision.FP32 and entry.rule == "safety-initializer-range"
+    assert "beyond float16's max" in entry.reason
+    assert init_type(out, "big") == F32
+    result = convert(m, level="O2", force_low=["scale_up"])
+    assert result.plan.by_name("scale_up").precision is Precision.LOW
+    assert result.stats.clipped == {"big": 1}
+    assert init_type(result.model, "big") == F16
+
+
+def test_tiny_epsilon_that_flushes_to_zero_keeps_its_consumer_fp32():
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("Add", ["h", "eps"], ["y"], name="add_eps"),
+    ]
+    m = model(nodes, [value("x")], [value("y")], [init("W", w(4, 4)), init("eps", np.array([1e-12], np.float32))])
+    _, plan = convert(m, level="O2")
+    assert plan.by_name("add_eps").rule == "safety-initializer-range"
+    assert "would become 0 in float16" in plan.by_name("add_eps").reason
+    _, plan3 = convert(m, level="O3")  # O3 means everything: schema rules only
+    assert plan3.by_name("add_eps").precision is Precision.LOW
+
+
+def test_safety_rule_finds_constants_behind_data_movement():
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("Reshape", ["big", "shape"], ["big_r"], name="reshape"),
+        helper.make_node("Add", ["h", "big_r"], ["y"], name="add"),
+    ]
+    inits = [init("W", w(4, 4)), init("big", np.full((4, 2), 1e5, np.float32)), init("shape", np.array([2, 4], np.int64))]
+    m = model(nodes, [value("x")], [value("y")], inits)
+    _, plan = convert(m, level="O2")
+    assert plan.by_name("add").rule == "safety-initializer-range"
+
+
+def test_safety_rules_keep_nothing_fp32_on_a_well_behaved_model():
+    _, plan = convert(mm_chain(("Relu", "Neg")), level="O2")
+    assert not [e for e in plan if e.rule.startswith("safety")]
+
+
+# ---------------------------------------------------------------- casts and clean-up
+
+
+def test_one_cast_per_tensor_per_dtype_shared_by_consumers():
+    nodes = [helper.make_node("MatMul", ["x", f"W{i}"], [f"y{i}"], name=f"mm{i}") for i in range(3)]
+    m = model(nodes, [value("x")], [value(f"y{i}") for i in range(3)], [init(f"W{i}", w(4, 4)) for i in range(3)])
+    out, _ = convert(m, level="O1")
+    assert len(casts_into(out, "x")) == 1
+    assert len(nodes_of(out, "Cast")) == 4
+
+
+def test_partly_fp16_model_gets_no_cast_chains():
+    nodes = [
+        helper.make_node("Cast", ["x16"], ["x32"], name="up"),
+        helper.make_node("MatMul", ["x32", "W"], ["h"], name="mm"),
+        helper.make_node("Softmax", ["x32"], ["y2"], name="sm"),
+        helper.make_node("Relu", ["h"], ["y"], name="relu"),
+    ]
+    nodes[0].attribute.append(helper.make_attribute("to", F32))
+    m = model(nodes, [value("x16", F16)], [value("y"), value("y2")], [init("W", w(4, 4))])
+    out, plan = convert(m, level="O1")
+    assert plan.by_name("up").precision is Precision.FP32  # Softmax still needs fp32
+    mm = next(n for n in out.graph.node if n.name == "mm")
+    assert mm.input[0] == "x16"  # the fp16 -> fp32 -> fp16 round trip was removed
+    assert len(nodes_of(out, "Cast")) == 2  # the original up-cast and y's output cast
+    feeds = {"x16": RNG.standard_normal((2, 4)).astype(np.float16)}
+    for a, b in zip(run(m, feeds), run(out, feeds), strict=True):
+        assert close(a, b)
+
+
+def test_cast_to_float_of_fp16_data_disappears_when_its_consumers_run_low():
+    nodes = [
+        helper.make_node("Cast", ["x16"], ["x32"], name="up", to=F32),
+        helper.make_node("MatMul", ["x32", "W"], ["y"], name="mm"),
+    ]
+    m = model(nodes, [value("x16", F16)], [value("y")], [init("W", w(4, 4))])
+    out, _ = convert(m, level="O1")
+    assert not any(n.name == "up" for n in out.graph.node)
+    assert next(n for n in out.graph.node if n.name == "mm").input[0] == "x16"
+
+
+def test_lossy_cast_pair_of_the_original_model_is_kept():
+    nodes = [
+        helper.make_node("Cast", ["x"], ["x16"], name="down", to=F16),
+        helper.make_node("Cast", ["x16"], ["xq"], name="up", to=F32),
+        helper.make_node("Softmax", ["xq"], ["y"], name="sm"),
+    ]
+    m = model(nodes, [value("x")], [value("y")])
+    out, _ = convert(m, level="O1")
+    assert [n.name for n in nodes_of(out, "Cast")] == ["down", "up"]
+
+
+def test_graph_outputs_keep_name_and_type_and_node_outputs_keep_names():
+    m = mm_chain(("Relu",))
+    out, _ = convert(m, level="O3")
+    assert [(v.name, v.type.tensor_type.elem_type) for v in out.graph.output] == [("y", F32)]
+    assert [(v.name, v.type.tensor_type.elem_type) for v in out.graph.input] == [("x", F32)]
+    produced = {o for n in out.graph.node for o in n.output}
+    assert {"h0", "h1", "y"} <= produced
+    mm2 = next(n for n in out.graph.node if n.name == "mm2")
+    assert mm2.output[0] == "y_fp16"
+
+
+def test_io_types_low_makes_inputs_and_outputs_low():
+    out, _ = convert(mm_chain(("Relu",)), level="O3", io_types="low")
+    assert out.graph.input[0].type.tensor_type.elem_type == F16
+    assert out.graph.output[0].type.tensor_type.elem_type == F16
+    assert not nodes_of(out, "Cast")
+
+
+def test_converted_nodes_are_in_topological_order():
+    out, _ = convert(mm_chain(("Softmax", "Relu")), level="O1")
+    seen = {"x", "W1", "W2"}
+    for node in out.graph.node:
+        assert all(i in seen for i in node.input if i)
+        seen.update(node.output)
+
+
+# ---------------------------------------------------------------- subgraphs
+
+
+def if_model():
+    then_g = helper.make_graph(
+        [helper.make_node("MatMul", ["h", "W2"], ["t"], name="then_mm")], "then", [], [value("t")], [init("W2", w(4, 4))]
+    )
+    else_g = helper.make_graph([helper.make_node("Softmax", ["h"], ["e"], name="else_sm")], "else", [], [value("e")])
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("If", ["cond"], ["y"], name="if", then_branch=then_g, else_branch=else_g),
+    ]
+    return model(nodes, [value("x"), value("cond", onnx.TensorProto.BOOL, shape=())], [value("y")], [init("W", w(4, 4))])
+
+
+def test_if_branches_are_converted_with_outer_scope_values():
+    m = if_model()
+    out, plan = convert(m, level="O1")
+    assert plan.entry("if/then_branch", 0).precision is Precision.LOW
+    assert plan.entry("if/else_branch", 0).precision is Precision.FP32
+    assert plan.by_name("if").rule == "control-flow"
+    then_g = next(a.g for a in next(n for n in out.graph.node if n.op_type == "If").attribute if a.name == "then_branch")
+    assert then_g.node[-1].op_type == "Cast"  # the branch output keeps fp32
+    assert init_type(onnx.ModelProto(graph=then_g), "W2") == F16
+    for cond in (True, False):
+        feeds = {**x_feed(), "cond": np.array(cond)}
+        assert close(run(m, feeds)[0], run(out, feeds)[0])
+
+
+def test_loop_body_is_converted():
+    body = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["v_in", "W"], ["v_mm"], name="body_mm"),
+            helper.make_node("Tanh", ["v_mm"], ["v_out"], name="body_tanh"),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"], name="body_cond"),
+        ],
+        "body",
+        [value("i", I64, shape=()), value("cond_in", onnx.TensorProto.BOOL, shape=()), value("v_in")],
+        [value("cond_out", onnx.TensorProto.BOOL, shape=()), value("v_out")],
+    )
+    nodes = [helper.make_node("Loop", ["trip", "", "x"], ["y"], name="loop", body=body)]
+    m = model(nodes, [value("x")], [value("y")], [init("W", w(4, 4)), init("trip", np.array(3, np.int64))])
+    out, plan = convert(m, level="O1")
+    assert plan.entry("loop/body", 0).precision is Precision.LOW
+    assert plan.entry("loop/body", 1).precision is Precision.LOW  # Tanh follows the low MatMul
+    feeds = x_feed()
+    assert close(run(m, feeds)[0], run(out, feeds)[0])
+
+
+# ---------------------------------------------------------------- options
+
+
+def test_options_are_validated():
+    with pytest.raises(ValueError, match="unknown level"):
+        ConvertOptions(level="O7").validated()
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        ConvertOptions(dtype="fp8").validated()
+    with pytest.raises(ValueError, match="both"):
+        ConvertOptions(white_list=("Conv",), black_list=("Conv",)).validated()
+    with pytest.raises(ValueError, match="unknown ONNX op type 'Cnov'"):
+        ConvertOptions(white_list=("Cnov",)).validated()
+    with pytest.raises(ValueError, match="invalid regular expression"):
+        ConvertOptions(keep_fp32=("(",)).validated()
+    with pytest.raises(ValueError, match="cannot be used with --level O3"):
+        ConvertOptions(level="O3", only_white_list=("Conv",)).validated()
+
+
+def test_the_callers_model_is_not_modified():
+    m = mm_chain(("Relu",))
+    before = m.SerializeToString()
+    convert(m, level="O3")
+    assert m.SerializeToString() == before
