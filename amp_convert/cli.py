@@ -98,7 +98,7 @@ def conversion_options(f):
     options = [
         click.option(
             "--level",
-            type=click.Choice(LEVELS, case_sensitive=False),
+            type=click.Choice(LEVELS),
             default=None,
             help="O0 no change; O1 only white-list ops low; O2 all but black-list ops low (default); O3 everything low. "
             "Example: --level O1",

@@ -1,0 +1,128 @@
+"""The command line, run as a real process and in-process through main()."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+from amp_convert.cli import main
+
+ZOO = Path(__file__).resolve().parents[1] / "models" / "zoo"
+
+
+@pytest.fixture
+def resnet(tmp_path) -> Path:
+    path = tmp_path / "resnet50.onnx"
+    path.write_bytes((ZOO / "resnet50.onnx").read_bytes())
+    return path
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("amp-convert")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=300)
+
+
+def test_console_script_converts_with_default_output_name(resnet):
+    before = resnet.read_bytes()
+    proc = cli(str(resnet), "--level", "O2")
+    assert proc.returncode == 0, proc.stderr
+    out = resnet.with_name("resnet50.fp16.onnx")
+    converted = onnx.load(str(out))
+    onnx.checker.check_model(converted, full_check=True)
+    assert "O2 fp16" in proc.stdout
+    assert resnet.read_bytes() == before
+    assert out.stat().st_size < 0.6 * len(before)  # weights stored in fp16
+
+
+def test_explain_and_plan_json(resnet, tmp_path, capsys):
+    plan_path = tmp_path / "plan.json"
+    rc = main([str(resnet), "--level", "O1", "-o", str(tmp_path / "o.onnx"), "--explain", "--plan-json", str(plan_path)])
+    assert rc == 0
+    shown = capsys.readouterr().out
+    assert "/conv1/Conv" in shown and "white list" in shown
+    plan = json.loads(plan_path.read_text())
+    assert plan["level"] == "O1" and len(plan["nodes"]) == len(onnx.load(str(resnet)).graph.node)
+    conv = next(n for n in plan["nodes"] if n["name"] == "/conv1/Conv")
+    assert conv["precision"] == "low" and conv["rule"] == "white-list"
+
+
+def test_lists_command(capsys):
+    assert main(["lists", "--profile", "mindspore", "--level", "O1"]) == 0
+    out = capsys.readouterr().out
+    assert "BatchNormalization" in out.split("black")[1] and "Gemm" in out.split("black")[0]
+    assert "unlisted ops: fp32 at O1" in out
+
+
+def test_config_file_and_flags_override_it(resnet, tmp_path):
+    config = tmp_path / "amp.toml"
+    config.write_text('level = "O3"\ndtype = "bf16"\nwhite-list = ["Add"]\n')
+    plan_path = tmp_path / "plan.json"
+    assert main([str(resnet), "--config", str(config), "-o", str(tmp_path / "a.onnx"), "--plan-json", str(plan_path), "-q"]) == 0
+    assert json.loads(plan_path.read_text())["level"] == "O3"
+    assert json.loads(plan_path.read_text())["dtype"] == "bf16"
+    assert (
+        main(
+            [
+                str(resnet),
+                "--config",
+                str(config),
+                "--level",
+                "O1",
+                "-o",
+                str(tmp_path / "b.onnx"),
+                "--plan-json",
+                str(plan_path),
+                "-q",
+            ]
+        )
+        == 0
+    )
+    assert json.loads(plan_path.read_text())["level"] == "O1"
+
+
+def test_help_gives_an_example_for_each_option():
+    proc = cli("convert", "--help")
+    assert proc.returncode == 0
+    options = [line for line in proc.stdout.splitlines() if line.startswith("  -") and "--help" not in line]
+    assert len(options) >= 15
+    assert proc.stdout.count("Example:") >= len(options)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["{missing}"], "no such file"),
+        (["{model}", "--level", "O9"], "--level"),
+        (["{model}", "--dtype", "fp8"], "--dtype"),
+        (["{model}", "--white-list", "Convv"], "unknown ONNX op type 'Convv'"),
+        (["{model}", "--white-list", "Add", "--black-list", "Add"], "both"),
+        (["{model}", "--only-white-list", "Conv", "--only-black-list", "Relu"], "not both"),
+        (["{model}", "--keep-fp32", "("], "invalid regular expression"),
+        (["{model}", "-o", "{model}"], "output is the input"),
+        (["{model}", "-o", "{tmp}/no/such/dir/out.onnx"], "does not exist"),
+        (["{model}", "--config", "{tmp}/bad.toml"], "malformed TOML"),
+        (["{model}", "--config", "{tmp}/unknown.toml"], "unknown option 'colour'"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line_and_write_nothing(resnet, tmp_path, args, message):
+    (tmp_path / "bad.toml").write_text("level = \n")
+    (tmp_path / "unknown.toml").write_text('colour = "blue"\n')
+    before = resnet.read_bytes()
+    files_before = sorted(p.name for p in tmp_path.iterdir())
+    subst = {"model": str(resnet), "missing": str(tmp_path / "missing.onnx"), "tmp": str(tmp_path)}
+    proc = cli(*[a.format(**subst) for a in args])
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
+    assert resnet.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == files_before
+
+
+def test_debug_shows_a_traceback(tmp_path):
+    proc = cli(str(tmp_path / "missing.onnx"), "--debug")
+    assert proc.returncode == 2 and "Traceback" in proc.stderr
