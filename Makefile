@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 ZOOVENV ?= .venv-zoo
 
-.PHONY: setup demo test lint pypi-models zoo zoo-full bench fuzz clean
+.PHONY: setup demo test lint pypi-models browser zoo zoo-full bench fuzz clean
 
 setup: $(VENV)/.installed
 
@@ -23,7 +23,14 @@ demo: setup
 pypi-models: setup
 	$(BIN)/python models/fetch_pypi_models.py
 
-test: setup pypi-models
+# Debian's chromium, for the test that opens the HTML report in a real headless browser.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$(command -v sudo >/dev/null 2>&1 && [ "$$(id -u)" != 0 ] && echo sudo); \
+	  $$SUDO apt-get install -y -q chromium >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q chromium >/dev/null; }; }
+
+test: setup pypi-models browser
 	$(BIN)/python -m pytest -q
 
 lint: setup

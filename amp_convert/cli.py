@@ -7,6 +7,7 @@ argument groups). Every user error is one line on stderr and exit code 2;
 
 from __future__ import annotations
 
+import json
 import sys
 import traceback
 from pathlib import Path
@@ -18,10 +19,16 @@ from . import __version__
 from .errors import AmpError, ConversionError
 from .lists import LEVELS, PROFILES
 from .options import IO_TYPES, ConvertOptions
+from .report import build_report, html_report, terminal_table
+from .runner import PROVIDERS
+from .validate import EMULATE_MODES
 
 EXIT_OK, EXIT_TOLERANCE, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
 # Config-file keys: the long option names, with '-' or '_'.
+PARAMETER_NAMES = {"json": "json_out", "lists": "lists_profile"}  # where the parameter is named otherwise
+MULTIPLE_KEYS = {"white_list", "black_list", "only_white_list", "only_black_list", "keep_fp32", "force_low"}
+MULTIPLE_KEYS |= {"inputs", "input_shape", "input_range"}
 CONFIG_KEYS = {
     "level",
     "dtype",
@@ -41,6 +48,23 @@ CONFIG_KEYS = {
     "explain",
     "plan_json",
     "quiet",
+    "validate",
+    "write_on_fail",
+    "provider",
+    "emulate",
+    "inputs",
+    "input_shape",
+    "input_range",
+    "samples",
+    "seed",
+    "atol",
+    "rtol",
+    "min_cosine",
+    "per_node",
+    "top",
+    "report",
+    "html",
+    "json",
 }
 
 
@@ -86,9 +110,9 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
         norm = key.replace("-", "_")
         if norm not in CONFIG_KEYS:
             raise click.BadParameter(f"{value}: unknown option {key!r}", param_hint="--config")
-        if norm in ("white_list", "black_list", "keep_fp32", "force_low", "only_white_list", "only_black_list"):
+        if norm in MULTIPLE_KEYS:
             v = [v] if isinstance(v, str) else list(v)
-        defaults[norm] = v
+        defaults[PARAMETER_NAMES.get(norm, norm)] = v
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     return value
 
@@ -165,6 +189,79 @@ def cli() -> None:
     """
 
 
+def validation_options(f):
+    """Options that decide how numerics are checked (shared by convert and compare)."""
+    options = [
+        click.option(
+            "--provider",
+            type=click.Choice(PROVIDERS),
+            default="auto",
+            show_default=True,
+            help="onnxruntime provider: CUDA when a GPU is usable, else CPU. Example: --provider cpu",
+        ),
+        click.option(
+            "--emulate",
+            type=click.Choice(EMULATE_MODES),
+            default="auto",
+            show_default=True,
+            help="Round to the low dtype at every low tensor with fp32 kernels (auto: on CPU). Example: --emulate always",
+        ),
+        click.option(
+            "--inputs",
+            multiple=True,
+            metavar="PATH",
+            help="Validation samples: .npz files, a folder of them, or Polygraphy input JSON (repeatable). "
+            "Example: --inputs samples/",
+        ),
+        click.option(
+            "--input-shape",
+            multiple=True,
+            metavar="NAME=DIMS",
+            help="Shape for generated inputs with dynamic dims. Example: --input-shape input_ids=1x128",
+        ),
+        click.option(
+            "--input-range",
+            multiple=True,
+            metavar="NAME=LOW:HIGH",
+            help="Value range for generated inputs (integers: [LOW, HIGH)). Example: --input-range input_ids=0:30522",
+        ),
+        click.option("--samples", type=int, default=2, show_default=True, help="Generated samples. Example: --samples 8"),
+        click.option("--seed", type=int, default=0, show_default=True, help="Seed for generated inputs. Example: --seed 3"),
+        click.option("--atol", type=float, default=None, help="Absolute tolerance (fp16 1e-3, bf16 1e-2). Example: --atol 1e-2"),
+        click.option(
+            "--rtol",
+            type=float,
+            default=None,
+            help="Tolerance relative to the output's largest value (fp16 1e-2, bf16 5e-2). Example: --rtol 2e-2",
+        ),
+        click.option(
+            "--min-cosine",
+            type=float,
+            default=None,
+            help="Least cosine similarity per output (fp16 0.999, bf16 0.99). Example: --min-cosine 0.995",
+        ),
+        click.option(
+            "--per-node/--no-per-node",
+            default=True,
+            show_default=True,
+            help="Compare every intermediate tensor to find where error enters. Example: --no-per-node",
+        ),
+        click.option("--top", type=int, default=10, show_default=True, help="Offending nodes to list. Example: --top 20"),
+        click.option(
+            "--report", type=click.Path(path_type=Path), default=None, help="Write the JSON report. Example: --report report.json"
+        ),
+        click.option(
+            "--html", type=click.Path(path_type=Path), default=None, help="Write the HTML report. Example: --html report.html"
+        ),
+        click.option("--json", "json_out", is_flag=True, help="Print the JSON report to stdout. Example: --json"),
+        click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors. Example: -q"),
+        click.option("--debug", is_flag=True, help="Show a traceback on errors. Example: --debug"),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
 @cli.command("convert")
 @click.argument("model", type=click.Path(dir_okay=True, path_type=Path))
 @click.option(
@@ -217,8 +314,18 @@ def cli() -> None:
 @click.option(
     "--plan-json", type=click.Path(path_type=Path), default=None, help="Write the plan as JSON. Example: --plan-json plan.json"
 )
-@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors. Example: -q")
-@click.option("--debug", is_flag=True, help="Show a traceback on errors. Example: --debug")
+@click.option(
+    "--validate/--no-validate",
+    default=True,
+    show_default=True,
+    help="Check the result's numerics against the fp32 model. Example: --no-validate",
+)
+@click.option(
+    "--write-on-fail",
+    is_flag=True,
+    help="Write the model even when it is out of tolerance (exit code stays 1). Example: --write-on-fail",
+)
+@validation_options
 @click.option(
     "--config",
     type=click.Path(path_type=str),
@@ -228,8 +335,8 @@ def cli() -> None:
     help="TOML file with any of these options (flags given here override it). Example: --config amp.toml",
 )
 def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
-    """Convert MODEL to mixed precision."""
-    from .pipeline import convert
+    """Convert MODEL to mixed precision, validate it, report, save."""
+    from .pipeline import convert, load_input
     from .save import save_model, write_text
 
     options = ConvertOptions(
@@ -249,21 +356,129 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     ).validated()
     output = output or _default_output(model, options.dtype)
     _check_output_path(model, output)
-    result = convert(model, options, check=kw["check"])
-    if kw["explain"]:
+    for flag in ("plan_json", "report", "html"):
+        if kw[flag] is not None:
+            _check_output_path(model, kw[flag])
+    reference = load_input(model)
+    source = _input_source(reference, kw) if kw["validate"] else None
+    result = convert(reference, options, check=kw["check"])
+    if kw["explain"] and not kw["json_out"]:
         click.echo(result.plan.format_table())
     if kw["plan_json"]:
         write_text(kw["plan_json"], result.plan.to_json())
-    save_model(result.model, output)
-    if not kw["quiet"]:
+    validation = _validate(reference, result.model, source, kw, result.plan) if source is not None else None
+    passed = validation is None or validation.passed
+    exit_code = EXIT_OK if passed else EXIT_TOLERANCE
+    write = passed or kw["write_on_fail"]
+    if write:
+        save_model(result.model, output)
+    size_before = model.stat().st_size
+    size_after = output.stat().st_size if write else result.model.ByteSize()
+    report = build_report(
+        command="convert",
+        model_path=model,
+        model_nodes=len(reference.graph.node),
+        output_path=output,
+        written=write,
+        options=options.as_dict(),
+        conversion=result,
+        validation=validation,
+        inputs=None if source is None else source.describe(),
+        timings={**result.timings, **({"validate": validation.seconds} if validation else {})},
+        size_before=size_before,
+        size_after=size_after,
+        exit_code=exit_code,
+    )
+    _emit_reports(report, kw)
+    if not kw["quiet"] and not kw["json_out"]:
         c = result.plan.counts()
-        before, after = model.stat().st_size, output.stat().st_size
         click.echo(
-            f"{model} -> {output}: {options.effective_level} {options.dtype}, "
+            f"{model} -> {output if write else '(not written: out of tolerance; --write-on-fail writes it)'}: "
+            f"{options.effective_level} {options.dtype}, "
             f"{c['low']} low / {c['fp32']} fp32 / {c['unchanged']} unchanged nodes, "
             f"casts {result.casts_before} -> {result.casts_after}, "
-            f"{_mb(before)} -> {_mb(after)}, {sum(result.timings.values()):.2f} s"
+            f"{_mb(size_before)} -> {_mb(size_after)}, {sum(result.timings.values()):.2f} s"
         )
+    if exit_code:
+        raise click.exceptions.Exit(exit_code)
+
+
+@cli.command("compare")
+@click.argument("reference", type=click.Path(dir_okay=True, path_type=Path))
+@click.argument("candidate", type=click.Path(dir_okay=True, path_type=Path))
+@validation_options
+def compare_command(reference: Path, candidate: Path, **kw: Any) -> None:
+    """Compare CANDIDATE (e.g. converted by another tool) with REFERENCE."""
+    from .load import load_model
+
+    ref_model = load_model(reference)
+    cand_model = load_model(candidate)
+    for flag in ("report", "html"):
+        if kw[flag] is not None:
+            _check_output_path(reference, kw[flag])
+            _check_output_path(candidate, kw[flag])
+    source = _input_source(ref_model, kw)
+    validation = _validate(ref_model, cand_model, source, kw, None)
+    exit_code = EXIT_OK if validation.passed else EXIT_TOLERANCE
+    report = build_report(
+        command="compare",
+        model_path=reference,
+        model_nodes=len(ref_model.graph.node),
+        output_path=candidate,
+        written=False,
+        options=None,
+        validation=validation,
+        inputs=source.describe(),
+        timings={"validate": validation.seconds},
+        size_before=reference.stat().st_size,
+        size_after=candidate.stat().st_size,
+        exit_code=exit_code,
+    )
+    _emit_reports(report, kw)
+    if exit_code:
+        raise click.exceptions.Exit(exit_code)
+
+
+def _input_source(reference, kw: dict):
+    from .inputs import make_source
+
+    return make_source(reference, kw["inputs"], kw["input_shape"], kw["input_range"], kw["samples"], kw["seed"])
+
+
+def _validate(reference, candidate, source, kw: dict, plan):
+    from .metrics import DEFAULT_TOLERANCES, Tolerance
+    from .validate import ValidationConfig, validate
+
+    tolerance = None
+    if any(kw[k] is not None for k in ("atol", "rtol", "min_cosine")):
+        from .emulate import detect_low_dtype
+
+        base = DEFAULT_TOLERANCES["bf16" if detect_low_dtype(candidate) == 16 else "fp16"]
+        tolerance = Tolerance(
+            atol=base.atol if kw["atol"] is None else kw["atol"],
+            rtol=base.rtol if kw["rtol"] is None else kw["rtol"],
+            min_cosine=base.min_cosine if kw["min_cosine"] is None else kw["min_cosine"],
+            min_equal=base.min_equal,
+        )
+    config = ValidationConfig(kw["provider"], kw["emulate"], kw["per_node"], kw["top"], tolerance)
+    show = not kw["quiet"] and not kw["json_out"] and sys.stderr.isatty()
+    if not show:
+        return validate(reference, candidate, source, config, plan)
+    with click.progressbar(length=source.count() or 1, label="validating", file=sys.stderr) as bar:
+        return validate(reference, candidate, source, config, plan, progress=bar.update)
+
+
+def _emit_reports(report: dict, kw: dict) -> None:
+    from .save import write_text
+
+    if kw["report"]:
+        write_text(kw["report"], json.dumps(report, indent=1))
+    if kw["html"]:
+        write_text(kw["html"], html_report(report))
+    if kw["json_out"]:
+        click.echo(json.dumps(report, indent=1))
+    elif not kw["quiet"] and report["validation"] is not None:
+        click.echo(terminal_table(report))
 
 
 @cli.command("lists")
@@ -303,7 +518,8 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in args
     try:
-        cli.main(args=args, prog_name="amp-convert", standalone_mode=False)
+        code = cli.main(args=args, prog_name="amp-convert", standalone_mode=False)
+        return code if isinstance(code, int) else EXIT_OK
     except click.exceptions.Exit as e:
         return e.exit_code
     except click.exceptions.Abort:
@@ -322,7 +538,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # a bug: still one line unless --debug
         return _fail(f"internal error: {type(e).__name__}: {e} (run with --debug for a traceback)", EXIT_INTERNAL, debug)
-    return EXIT_OK
 
 
 def _fail(message: str, code: int, debug: bool) -> int:

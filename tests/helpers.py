@@ -67,3 +67,17 @@ def casts_into(m: onnx.ModelProto, tensor: str) -> list[onnx.NodeProto]:
 
 def attr(node: onnx.NodeProto, name: str):
     return helper.get_attribute_value(next(a for a in node.attribute if a.name == name))
+
+
+def manifest_source(entry: dict, reference: onnx.ModelProto, samples: int = 2):
+    """Validation inputs from a zoo manifest entry's input specs (shapes and ranges that suit the model)."""
+    from amp_convert.inputs import make_source
+
+    shapes = [f"{s['name']}={'x'.join(map(str, s['shape']))}" for s in entry["inputs"] if s["shape"]]
+    ranges = []
+    for s in entry["inputs"]:
+        if "value" in s and s["value"] is not None:
+            ranges.append(f"{s['name']}={s['value']}:{s['value'] + 1}")
+        else:
+            ranges.append(f"{s['name']}={s['low']}:{s['high']}")
+    return make_source(reference, shapes=shapes, ranges=ranges, samples=samples)

@@ -1,0 +1,130 @@
+"""Emulation of low-precision execution with float32 kernels.
+
+onnxruntime's CPU provider has no bf16 kernels, and runs many fp16 ops by
+casting to fp32 internally without rounding in between, which hides fp16
+overflow. The twin built here computes every op in float32 but rounds each
+low-precision tensor to the low dtype (a Cast to fp16/bf16 and back), so
+values that overflow or flush in fp16 do so here too. Tensor names are kept,
+so the twin can be compared with the fp32 model tensor by tensor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .graph import GraphContext, NameGenerator, all_names, build_context
+from .schema import model_opsets
+from .typeinfo import infer_types
+
+LOW_TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+
+
+def detect_low_dtype(model: onnx.ModelProto) -> int | None:
+    """The low dtype a (converted) model uses, if any: bf16 wins over fp16."""
+    ctx = build_context(model.graph)
+    infer_types(ctx, model_opsets(model))
+    seen = {t for c in ctx.walk() for t in c.types.values()}
+    for t in (TensorProto.BFLOAT16, TensorProto.FLOAT16):
+        if t in seen:
+            return t
+    return None
+
+
+def emulation_twin(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A float32 copy of ``model`` that rounds every fp16/bf16 tensor."""
+    twin = onnx.ModelProto()
+    twin.CopyFrom(model)
+    ctx = build_context(twin.graph)
+    infer_types(ctx, model_opsets(twin))
+    names = NameGenerator(all_names(twin))
+    _rewrite_inner_first(ctx, names)
+    return twin
+
+
+def _rewrite_inner_first(ctx: GraphContext, names: NameGenerator) -> None:
+    # Bodies first: rewriting a graph re-adds its nodes, which copies their bodies.
+    for subs in ctx.subgraphs.values():
+        for sub in subs:
+            _rewrite_inner_first(sub, names)
+    _rewrite(ctx, names)
+
+
+def _float_value(tensor: onnx.TensorProto) -> None:
+    if tensor.data_type in LOW_TYPES:
+        array = numpy_helper.to_array(tensor).astype(np.float32)
+        new = numpy_helper.from_array(array, tensor.name)
+        tensor.CopyFrom(new)
+
+
+def _retype(values) -> None:
+    for v in values:
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in LOW_TYPES:
+            v.type.tensor_type.elem_type = TensorProto.FLOAT
+
+
+def _rewrite(ctx: GraphContext, names: NameGenerator) -> None:
+    graph = ctx.graph
+    new_nodes: list[onnx.NodeProto] = []
+    renames: dict[str, str] = {}
+    if ctx.parent is None:
+        for v in graph.input:
+            t = v.type.tensor_type.elem_type if v.type.HasField("tensor_type") else 0
+            if t in LOW_TYPES:  # --io-types low: feeds stay low, the twin widens them first
+                wide = names(f"{v.name}_emulated_fp32")
+                new_nodes.append(helper.make_node("Cast", [v.name], [wide], to=TensorProto.FLOAT, name=names(f"{wide}_cast")))
+                renames[v.name] = wide
+    else:
+        _retype(graph.input)
+    for tensor in graph.initializer:
+        _float_value(tensor)
+    for node in ctx.nodes:
+        for slot, name in enumerate(node.input):
+            if name in renames:
+                node.input[slot] = renames[name]
+        if node.op_type in ("Constant", "ConstantOfShape"):
+            for a in node.attribute:
+                if a.name == "value":
+                    _float_value(a.t)
+            new_nodes.append(node)
+            continue
+        low_outputs = [(k, o) for k, o in enumerate(node.output) if o and ctx.types.get(o) in LOW_TYPES]
+        if not low_outputs:
+            new_nodes.append(node)
+            continue
+        rounding = []
+        for k, out in low_outputs:
+            low = ctx.types[out]
+            raw = names(f"{out}_emulated")
+            node.output[k] = raw
+            if node.op_type == "Cast":  # already rounds: only widen back
+                rounding.append(helper.make_node("Cast", [raw], [out], to=TensorProto.FLOAT, name=names(f"{out}_widen")))
+                continue
+            rounded = names(f"{out}_rounded")
+            rounding.append(helper.make_node("Cast", [raw], [rounded], to=low, name=names(f"{out}_round")))
+            rounding.append(helper.make_node("Cast", [rounded], [out], to=TensorProto.FLOAT, name=names(f"{out}_widen")))
+        for a in node.attribute:
+            if a.name in ("dtype", "output_datatype") and a.i in LOW_TYPES:
+                a.i = TensorProto.FLOAT
+        new_nodes.append(node)
+        new_nodes.extend(rounding)
+    if renames:
+        _rename_captured(new_nodes, renames)
+    _retype(graph.output)
+    _retype(graph.value_info)
+    graph.ClearField("node")
+    graph.node.extend(new_nodes)
+
+
+def _rename_captured(nodes: list[onnx.NodeProto], renames: dict[str, str]) -> None:
+    """Subgraphs read outer names directly: point them at the widened inputs."""
+    for node in nodes:
+        for a in node.attribute:
+            graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+            for g in graphs:
+                for inner in g.node:
+                    for slot, name in enumerate(inner.input):
+                        if name in renames:
+                            inner.input[slot] = renames[name]
+                _rename_captured(list(g.node), renames)

@@ -1,0 +1,193 @@
+"""Error metrics between a reference (fp32) tensor and a candidate, gathered
+in one streaming pass over samples: each update folds one sample in and the
+arrays can be dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Pass/fail thresholds for one output.
+
+    A float output passes when it has no new NaN/Inf,
+    ``max_abs_err <= atol + rtol * max|ref|`` and ``cosine >= min_cosine``
+    (not judged when every reference value lies within atol of zero);
+    an integer or bool output when at least ``min_equal`` of its elements
+    are equal.
+    """
+
+    atol: float
+    rtol: float
+    min_cosine: float
+    min_equal: float = 0.99
+
+    def as_dict(self) -> dict:
+        return {"atol": self.atol, "rtol": self.rtol, "min_cosine": self.min_cosine, "min_equal": self.min_equal}
+
+
+# fp16 keeps 11 significant bits (unit roundoff 4.9e-4); errors add up over
+# layers, so 1% of an output's range with cosine 0.999 separates rounding
+# noise from real damage. bf16 keeps 8 bits (3.9e-3): five times looser.
+DEFAULT_TOLERANCES = {
+    "fp16": Tolerance(atol=1e-3, rtol=1e-2, min_cosine=0.999, min_equal=0.99),
+    "bf16": Tolerance(atol=1e-2, rtol=5e-2, min_cosine=0.99, min_equal=0.98),
+}
+
+
+class ErrorStats:
+    """Streaming comparison of one tensor across samples."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.kind = ""  # "float" or "exact"
+        self.dtype = ""
+        self.count = 0
+        self.samples = 0
+        self.shape_mismatch = 0
+        self.sum_abs_err = 0.0
+        self.sum_sq_err = 0.0
+        self.sum_sq_ref = 0.0
+        self.sum_sq_cand = 0.0
+        self.dot = 0.0
+        self.max_abs_err = 0.0
+        self.max_abs_ref = 0.0
+        self.max_rel_err = 0.0
+        self.ref_nan = self.ref_inf = self.cand_nan = self.cand_inf = 0
+        self.new_nonfinite = 0  # candidate NaN/Inf where the reference is finite
+        self.equal = 0
+
+    def update(self, ref: np.ndarray, cand: np.ndarray) -> None:
+        ref, cand = np.asarray(ref), np.asarray(cand)
+        self.samples += 1
+        self.dtype = self.dtype or str(ref.dtype)
+        if ref.shape != cand.shape:
+            self.shape_mismatch += 1
+            return
+        if ref.dtype.kind not in "fc":
+            self.kind = "exact"
+            self.count += ref.size
+            self.equal += int(np.count_nonzero(ref == cand))
+            return
+        self.kind = "float"
+        r = ref.astype(np.float64, copy=False).ravel()
+        c = cand.astype(np.float64, copy=False).ravel()
+        r_fin, c_fin = np.isfinite(r), np.isfinite(c)
+        self.ref_nan += int(np.count_nonzero(np.isnan(r)))
+        self.ref_inf += int(np.count_nonzero(np.isinf(r)))
+        self.cand_nan += int(np.count_nonzero(np.isnan(c)))
+        self.cand_inf += int(np.count_nonzero(np.isinf(c)))
+        self.new_nonfinite += int(np.count_nonzero(r_fin & ~c_fin))
+        both = r_fin & c_fin
+        if not both.all():
+            r, c = r[both], c[both]
+        self.count += r.size
+        if r.size == 0:
+            return
+        err = np.abs(r - c)
+        abs_r = np.abs(r)
+        scale = float(abs_r.max())
+        self.max_abs_ref = max(self.max_abs_ref, scale)
+        self.max_abs_err = max(self.max_abs_err, float(err.max()))
+        self.sum_abs_err += float(err.sum())
+        self.sum_sq_err += float(err @ err)
+        self.sum_sq_ref += float(r @ r)
+        self.sum_sq_cand += float(c @ c)
+        self.dot += float(r @ c)
+        # Relative to each element, floored at 1e-3 of the sample's range so
+        # values near zero do not dominate.
+        floor = max(scale * 1e-3, np.finfo(np.float32).tiny)
+        self.max_rel_err = max(self.max_rel_err, float((err / np.maximum(abs_r, floor)).max()))
+
+    # ------------------------------------------------------------ derived
+
+    @property
+    def cosine(self) -> float:
+        denom = math.sqrt(self.sum_sq_ref) * math.sqrt(self.sum_sq_cand)
+        if denom == 0.0:
+            return 1.0 if self.sum_sq_err == 0.0 else 0.0
+        return self.dot / denom
+
+    @property
+    def snr_db(self) -> float:
+        if self.sum_sq_err == 0.0:
+            return math.inf
+        if self.sum_sq_ref == 0.0:
+            return -math.inf
+        return 10.0 * math.log10(self.sum_sq_ref / self.sum_sq_err)
+
+    @property
+    def relative_rms(self) -> float:
+        """||ref - cand|| / ||ref||: the per-node error measure (inf on new NaN/Inf)."""
+        if self.new_nonfinite or self.shape_mismatch:
+            return math.inf
+        if self.sum_sq_ref == 0.0:
+            return 0.0 if self.sum_sq_err == 0.0 else math.inf
+        return math.sqrt(self.sum_sq_err / self.sum_sq_ref)
+
+    @property
+    def equal_fraction(self) -> float:
+        return self.equal / self.count if self.count else 1.0
+
+    def checks(self, tol: Tolerance) -> dict[str, bool]:
+        """Each criterion of ``tol`` and whether this output meets it."""
+        if self.shape_mismatch:
+            return {"shape": False}
+        if self.kind == "exact":
+            return {"equal_fraction": self.equal_fraction >= tol.min_equal}
+        return {
+            "nonfinite": self.new_nonfinite == 0,
+            "max_abs_err": self.max_abs_err <= tol.atol + tol.rtol * self.max_abs_ref,
+            # Cosine says nothing about outputs that lie within atol of zero.
+            "cosine": self.cosine >= tol.min_cosine or self.max_abs_ref <= tol.atol,
+        }
+
+    def verdict(self, tol: Tolerance) -> list[str]:
+        """Reasons this output fails ``tol`` (empty: it passes)."""
+        checks = self.checks(tol)
+        reasons = {
+            "shape": f"shape differs in {self.shape_mismatch} sample(s)",
+            "equal_fraction": f"{self.equal_fraction:.4f} equal < {tol.min_equal}",
+            "nonfinite": f"{self.new_nonfinite} new NaN/Inf values",
+            "max_abs_err": f"max abs error {self.max_abs_err:.3g} > {tol.atol + tol.rtol * self.max_abs_ref:.3g}",
+            "cosine": f"cosine {self.cosine:.5f} < {tol.min_cosine}",
+        }
+        return [reasons[name] for name, ok in checks.items() if not ok]
+
+    def as_dict(self, tol: Tolerance | None = None) -> dict:
+        d: dict = {"name": self.name, "dtype": self.dtype, "kind": self.kind or "float", "samples": self.samples}
+        if self.shape_mismatch:
+            d["shape_mismatch"] = self.shape_mismatch
+        if self.kind == "exact":
+            d["equal_fraction"] = self.equal_fraction
+        else:
+            d.update(
+                max_abs_err=self.max_abs_err,
+                mean_abs_err=self.sum_abs_err / self.count if self.count else 0.0,
+                max_rel_err=self.max_rel_err,
+                cosine=self.cosine,
+                snr_db=_finite_or_none(self.snr_db),
+                max_abs_ref=self.max_abs_ref,
+                ref_nan=self.ref_nan,
+                ref_inf=self.ref_inf,
+                cand_nan=self.cand_nan,
+                cand_inf=self.cand_inf,
+                new_nonfinite=self.new_nonfinite,
+            )
+        if tol is not None:
+            failures = self.verdict(tol)
+            d["passed"] = not failures
+            d["failures"] = failures
+            d["checks"] = self.checks(tol)
+            d["limit_abs_err"] = tol.atol + tol.rtol * self.max_abs_ref
+        return d
+
+
+def _finite_or_none(x: float) -> float | None:
+    """JSON has no infinity: +inf SNR (identical outputs) is written as null."""
+    return x if math.isfinite(x) else None

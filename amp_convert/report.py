@@ -1,0 +1,333 @@
+"""Reports: a versioned JSON document for machines, a short table for the
+terminal, and one self-contained HTML page (tables plus a picture of error
+through the graph) for people."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+
+SCHEMA_ID = "amp-convert-report"
+SCHEMA_VERSION = 1
+
+
+def report_schema() -> dict:
+    """The JSON Schema every report validates against."""
+    text = resources.files("amp_convert").joinpath("report.schema.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def build_report(
+    *,
+    command: str,
+    model_path: str | Path,
+    model_nodes: int,
+    output_path: str | Path | None,
+    written: bool,
+    options: dict | None,
+    conversion=None,  # ConversionResult
+    validation=None,  # ValidationResult
+    inputs: dict | None = None,
+    timings: dict[str, float] | None = None,
+    size_before: int | None = None,
+    size_after: int | None = None,
+    exit_code: int = 0,
+) -> dict[str, Any]:
+    plan = None
+    conv = None
+    if conversion is not None:
+        rules: dict[str, int] = {}
+        low_ops: dict[str, int] = {}
+        for e in conversion.plan:
+            rules[e.rule] = rules.get(e.rule, 0) + 1
+            if e.precision.value == "low":
+                low_ops[e.op_type] = low_ops.get(e.op_type, 0) + 1
+        plan = {
+            "level": conversion.plan.level,
+            "dtype": conversion.plan.dtype,
+            "profile": conversion.plan.profile,
+            "counts": conversion.plan.counts(),
+            "rules": rules,
+            "low_ops": low_ops,
+            "notes": conversion.plan.notes,
+        }
+        conv = {
+            "casts_before": conversion.casts_before,
+            "casts_after": conversion.casts_after,
+            "rewrite": conversion.stats.as_dict(),
+            "cleanup": conversion.cleanup,
+        }
+    status = "not-validated" if validation is None else ("passed" if validation.passed else "failed")
+    ratio = size_after / size_before if size_before and size_after else None
+    return {
+        "schema": SCHEMA_ID,
+        "version": SCHEMA_VERSION,
+        "tool": {"name": "amp-convert", "version": __version__},
+        "command": command,
+        "model": {"path": str(model_path), "nodes": model_nodes, "size_bytes": size_before},
+        "output": {"path": None if output_path is None else str(output_path), "written": written, "size_bytes": size_after},
+        "options": options or {},
+        "plan": plan,
+        "conversion": conv,
+        "inputs": inputs,
+        "validation": None if validation is None else validation.as_dict(),
+        "timing_s": {k: round(v, 4) for k, v in (timings or {}).items()},
+        "size": {"before_bytes": size_before, "after_bytes": size_after, "ratio": ratio},
+        "result": {"status": status, "exit_code": exit_code},
+    }
+
+
+# ------------------------------------------------------------------ terminal
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    if isinstance(x, float):
+        if math.isinf(x):
+            return "inf"
+        return f"{x:.4g}"
+    return str(x)
+
+
+def terminal_table(report: dict) -> str:
+    """Per output: metric, value, tolerance, PASS/FAIL; then the top offenders."""
+    v = report["validation"]
+    if v is None:
+        return "validation skipped"
+    tol = v["tolerance"]
+    rows = [("output", "metric", "value", "tolerance", "")]
+    for out in v["outputs"]:
+        name = out["name"]
+        if out.get("shape_mismatch"):
+            rows.append((name, "shape", "differs", "equal", "FAIL"))
+            continue
+        checks = out["checks"]
+        if out["kind"] == "exact":
+            rows.append(
+                (name, "equal fraction", _fmt(out["equal_fraction"]), f">= {tol['min_equal']}", _pf(checks["equal_fraction"]))
+            )
+            continue
+        limit = f"<= {_fmt(out['limit_abs_err'])}"
+        rows.append((name, "max abs error", _fmt(out["max_abs_err"]), limit, _pf(checks["max_abs_err"])))
+        rows.append(("", "mean abs error", _fmt(out["mean_abs_err"]), "", ""))
+        rows.append(("", "max rel error", _fmt(out["max_rel_err"]), "", ""))
+        rows.append(("", "cosine", f"{out['cosine']:.6f}", f">= {tol['min_cosine']}", _pf(checks["cosine"])))
+        rows.append(("", "SNR dB", _fmt(out["snr_db"]) if out["snr_db"] is not None else "inf", "", ""))
+        nonfinite = f"{out['cand_nan'] + out['cand_inf']} (fp32: {out['ref_nan'] + out['ref_inf']})"
+        rows.append(("", "NaN/Inf", nonfinite, "no new", _pf(checks["nonfinite"])))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
+    lines = ["  ".join(str(c).ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
+    offenders = v["offenders"][:5]
+    if offenders:
+        lines.append("")
+        lines.append("error added by node (relative RMS vs fp32), worst first:")
+        for o in offenders:
+            lines.append(
+                f"  {o['name']} ({o['op_type']}, {o['precision']}): {_fmt(o['error_before'])} -> {_fmt(o['error_after'])}"
+            )
+    how = "emulated " if v["emulated"] else ""
+    verdict = "PASS" if v["passed"] else "FAIL"
+    lines.append("")
+    lines.append(f"{verdict}: {v['samples']} sample(s), {how}{v['dtype']} on {v['provider']} ({v['emulation_note']})")
+    return "\n".join(lines)
+
+
+def _pf(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+# ------------------------------------------------------------------ HTML
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;color:#1d1d1f;max-width:1100px}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px}
+.meta{color:#555;font-size:13px}
+.badge{display:inline-block;padding:2px 10px;border-radius:10px;font-weight:600;color:#fff}
+.pass{background:#1a7f37}.fail{background:#cf222e}.skip{background:#6e7781}
+table{border-collapse:collapse;font-size:13px;margin:6px 0}
+th,td{border-bottom:1px solid #ddd;padding:4px 10px;text-align:left}
+th{background:#f6f8fa} td.num{text-align:right;font-variant-numeric:tabular-nums}
+td.bad{color:#cf222e;font-weight:600} td.good{color:#1a7f37}
+.legend span{display:inline-block;margin-right:16px;font-size:12px}
+.dot{display:inline-block;width:10px;height:10px;border-radius:5px;margin-right:4px;vertical-align:middle}
+"""
+
+_COLORS = {"low": "#e8710a", "fp32": "#1f6feb", "unchanged": "#8c959f"}
+
+
+def html_report(report: dict) -> str:
+    """One self-contained page: no external files, scripts or fonts."""
+    v = report["validation"]
+    status = report["result"]["status"]
+    badge = {"passed": "pass", "failed": "fail"}.get(status, "skip")
+    plan = report.get("plan") or {}
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>amp-convert report: {html.escape(Path(report['model']['path']).name)}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>{html.escape(Path(report['model']['path']).name)} <span class='badge {badge}' id='status'>{status}</span></h1>",
+        f"<div class='meta'>{html.escape(_summary_line(report))}</div>",
+    ]
+    if plan:
+        counts = plan["counts"]
+        parts.append("<h2>Plan</h2><table><tr><th>low</th><th>fp32</th><th>unchanged</th><th>notes</th></tr>")
+        notes = "; ".join(plan["notes"]) or "-"
+        parts.append(
+            f"<tr><td class='num'>{counts['low']}</td><td class='num'>{counts['fp32']}</td>"
+            f"<td class='num'>{counts['unchanged']}</td><td>{html.escape(notes)}</td></tr></table>"
+        )
+        rules = "".join(f"<tr><td>{html.escape(k)}</td><td class='num'>{n}</td></tr>" for k, n in sorted(plan["rules"].items()))
+        parts.append(f"<table><tr><th>rule</th><th>nodes</th></tr>{rules}</table>")
+    if v is not None:
+        parts.append("<h2>Outputs</h2>")
+        parts.append(_outputs_table(v))
+        parts.append("<h2>Error through the graph</h2>")
+        parts.append(
+            "<div class='meta'>Relative RMS error of each node's output against fp32, in topological order "
+            "(log scale; a cross marks NaN/Inf).</div>"
+        )
+        parts.append(error_chart_svg(v["nodes"], v["offenders"]))
+        parts.append("<div class='legend'>")
+        for k, c in _COLORS.items():
+            parts.append(f"<span><i class='dot' style='background:{c}'></i>{k}</span>")
+        parts.append("</div>")
+        parts.append("<h2>Top offenders</h2>")
+        parts.append(_offenders_table(v["offenders"]))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _summary_line(report: dict) -> str:
+    bits = [f"command {report['command']}"]
+    plan = report.get("plan")
+    if plan:
+        bits.append(f"level {plan['level']}, {plan['dtype']}, lists {plan['profile']}")
+    v = report.get("validation")
+    if v:
+        bits.append(f"{'emulated ' if v['emulated'] else ''}{v['dtype']} on {v['provider']}, {v['samples']} samples")
+    size = report["size"]
+    if size["before_bytes"] and size["after_bytes"]:
+        bits.append(f"size {size['before_bytes'] / 1e6:.2f} MB -> {size['after_bytes'] / 1e6:.2f} MB")
+    bits.append(f"amp-convert {report['tool']['version']}")
+    return " | ".join(bits)
+
+
+def _outputs_table(v: dict) -> str:
+    head = "<table id='outputs'><tr><th>output</th><th>max abs err</th><th>limit</th><th>mean abs err</th>"
+    head += "<th>max rel err</th><th>cosine</th><th>SNR dB</th><th>NaN/Inf (fp32)</th><th>result</th></tr>"
+    rows = [head]
+    for o in v["outputs"]:
+        ok = o["passed"]
+        cls = "good" if ok else "bad"
+        if o["kind"] == "exact" or o.get("shape_mismatch"):
+            detail = "shape differs" if o.get("shape_mismatch") else f"equal fraction {o.get('equal_fraction', 0):.4f}"
+            rows.append(
+                f"<tr><td>{html.escape(o['name'])}</td><td colspan='7'>{detail}</td>"
+                f"<td class='{cls}'>{'PASS' if ok else 'FAIL'}</td></tr>"
+            )
+            continue
+        nonfinite = f"{o['cand_nan'] + o['cand_inf']} ({o['ref_nan'] + o['ref_inf']})"
+        rows.append(
+            f"<tr><td>{html.escape(o['name'])}</td><td class='num'>{_fmt(o['max_abs_err'])}</td>"
+            f"<td class='num'>{_fmt(o['limit_abs_err'])}</td><td class='num'>{_fmt(o['mean_abs_err'])}</td>"
+            f"<td class='num'>{_fmt(o['max_rel_err'])}</td><td class='num'>{o['cosine']:.6f}</td>"
+            f"<td class='num'>{_fmt(o['snr_db']) if o['snr_db'] is not None else 'inf'}</td>"
+            f"<td class='num'>{nonfinite}</td><td class='{cls}' title='{html.escape('; '.join(o['failures']))}'>"
+            f"{'PASS' if ok else 'FAIL'}</td></tr>"
+        )
+    rows.append("</table>")
+    return "".join(rows)
+
+
+def _offenders_table(offenders: list[dict]) -> str:
+    if not offenders:
+        return "<p class='meta'>No node adds measurable error.</p>"
+    rows = [
+        "<table id='offenders'><tr><th>#</th><th>node</th><th>op</th><th>precision</th><th>error before</th><th>after</th></tr>"
+    ]
+    for rank, o in enumerate(offenders, 1):
+        rows.append(
+            f"<tr><td>{rank}</td><td>{html.escape(o['name'])}</td><td>{html.escape(o['op_type'])}</td>"
+            f"<td>{o['precision']}</td><td class='num'>{_fmt(o['error_before'])}</td>"
+            f"<td class='num'>{_fmt(o['error_after'])}</td></tr>"
+        )
+    rows.append("</table>")
+    return "".join(rows)
+
+
+def error_chart_svg(nodes: list[dict], offenders: list[dict], width: int = 1000, height: int = 320) -> str:
+    """Error per node in topological order, as inline SVG (log scale)."""
+    left, right, top, bottom = 56, 16, 16, 36
+    plot_w, plot_h = width - left - right, height - top - bottom
+    lo_exp, hi_exp = -8, 1
+    out = [
+        f"<svg id='error-chart' xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
+        f"viewBox='0 0 {width} {height}' role='img' aria-label='error per node'>",
+        f"<rect x='{left}' y='{top}' width='{plot_w}' height='{plot_h}' fill='#fafbfc' stroke='#d0d7de'/>",
+    ]
+    for e in range(lo_exp, hi_exp + 1):
+        y = top + plot_h * (hi_exp - e) / (hi_exp - lo_exp)
+        out.append(f"<line x1='{left}' x2='{left + plot_w}' y1='{y:.1f}' y2='{y:.1f}' stroke='#eaeef2'/>")
+        out.append(f"<text x='{left - 6}' y='{y + 4:.1f}' font-size='11' text-anchor='end' fill='#57606a'>1e{e}</text>")
+    out.append(
+        f"<text x='{left + plot_w / 2}' y='{height - 6}' font-size='12' text-anchor='middle' fill='#57606a'>"
+        "nodes in topological order</text>"
+    )
+    if nodes:
+        n = len(nodes)
+        # One mark per pixel column at most: keep the worst node of each column.
+        columns: dict[int, dict] = {}
+        for pos, node in enumerate(nodes):
+            col = int(pos * plot_w / max(n, 1))
+            err = _as_float(node["error_after"])
+            if col not in columns or err > _as_float(columns[col]["error_after"]):
+                columns[col] = {**node, "_pos": pos}
+        for col in sorted(columns):
+            node = columns[col]
+            x = left + (node["_pos"] + 0.5) * plot_w / n
+            err = _as_float(node["error_after"])
+            color = _COLORS.get(node["precision"], "#8c959f")
+            title = html.escape(f"{node['name']} ({node['op_type']}, {node['precision']}): {_fmt(err)}")
+            if math.isinf(err):
+                y = top + 6
+                out.append(
+                    f"<path d='M{x - 4:.1f},{y - 4} L{x + 4:.1f},{y + 4} M{x - 4:.1f},{y + 4} L{x + 4:.1f},{y - 4}' "
+                    f"stroke='#cf222e' stroke-width='2'><title>{title}</title></path>"
+                )
+                continue
+            y = _y(err, lo_exp, hi_exp, top, plot_h)
+            out.append(f"<circle cx='{x:.1f}' cy='{y:.1f}' r='2.6' fill='{color}'><title>{title}</title></circle>")
+        positions = {node["index"]: pos for pos, node in enumerate(nodes)}
+        for o in offenders[:3]:
+            if o["index"] not in positions:
+                continue
+            x = left + (positions[o["index"]] + 0.5) * plot_w / n
+            err = _as_float(o["error_after"])
+            y = top + 14 if math.isinf(err) else _y(err, lo_exp, hi_exp, top, plot_h) - 8
+            label = html.escape(o["name"][-40:])
+            anchor = "end" if x > left + plot_w * 0.7 else "start"
+            out.append(
+                f"<text x='{x:.1f}' y='{max(y, top + 12):.1f}' font-size='11' text-anchor='{anchor}' "
+                f"fill='#24292f'>{label}</text>"
+            )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _as_float(x: float | str) -> float:
+    return math.inf if x == "inf" else float(x)
+
+
+def _y(err: float, lo_exp: int, hi_exp: int, top: int, plot_h: int) -> float:
+    e = math.log10(err) if err > 0 else lo_exp
+    e = min(max(e, lo_exp), hi_exp)
+    return top + plot_h * (hi_exp - e) / (hi_exp - lo_exp)

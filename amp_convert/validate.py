@@ -1,0 +1,241 @@
+"""Validation: run the fp32 model and the converted one on the same samples
+and measure how far apart they are, per output and per node.
+
+Both models run with their intermediate tensors exposed (node output names
+are preserved by the converter), one sample at a time; only running sums are
+kept, so memory stays at one sample's tensors whatever the sample count.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import TensorProto
+
+from .emulate import detect_low_dtype, emulation_twin
+from .errors import AmpError
+from .graph import build_context
+from .inputs import InputSource
+from .metrics import DEFAULT_TOLERANCES, ErrorStats, Tolerance
+from .plan import Plan
+from .runner import choose_provider, expose, run, session
+from .schema import model_opsets
+from .typeinfo import infer_types
+
+EMULATE_MODES = ("auto", "always", "never")
+_EXPOSABLE = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
+
+
+@dataclass
+class ValidationConfig:
+    provider: str = "auto"
+    emulate: str = "auto"
+    per_node: bool = True
+    top: int = 10
+    tolerance: Tolerance | None = None  # None: the default for the low dtype
+
+
+@dataclass
+class NodeError:
+    """Error of one node's outputs against fp32, and how much it added."""
+
+    index: int
+    name: str
+    op_type: str
+    precision: str
+    error_before: float
+    error_after: float
+
+    @property
+    def added(self) -> float:
+        if math.isinf(self.error_before):
+            return 0.0
+        if math.isinf(self.error_after):
+            return math.inf
+        return max(self.error_after - self.error_before, 0.0)
+
+    def as_dict(self) -> dict:
+        return {
+            "index": self.index,
+            "name": self.name,
+            "op_type": self.op_type,
+            "precision": self.precision,
+            "error_before": _json_float(self.error_before),
+            "error_after": _json_float(self.error_after),
+            "error_added": _json_float(self.added),
+        }
+
+
+@dataclass
+class ValidationResult:
+    provider: str
+    provider_note: str
+    emulated: bool
+    emulation_note: str
+    dtype: str
+    tolerance: Tolerance
+    samples: int
+    outputs: list[ErrorStats]
+    nodes: list[NodeError] = field(default_factory=list)
+    top: int = 10
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return all(not o.verdict(self.tolerance) for o in self.outputs)
+
+    def offenders(self) -> list[NodeError]:
+        """Nodes ranked by the error they add over their inputs (ties: earlier first)."""
+        ranked = [n for n in self.nodes if n.added > 0]
+        ranked.sort(key=lambda n: (-n.added, n.index))
+        return ranked[: self.top]
+
+    def as_dict(self) -> dict:
+        return {
+            "provider": self.provider,
+            "provider_note": self.provider_note,
+            "emulated": self.emulated,
+            "emulation_note": self.emulation_note,
+            "dtype": self.dtype,
+            "samples": self.samples,
+            "tolerance": self.tolerance.as_dict(),
+            "passed": self.passed,
+            "outputs": [o.as_dict(self.tolerance) for o in self.outputs],
+            "offenders": [n.as_dict() for n in self.offenders()],
+            "nodes": [n.as_dict() for n in self.nodes],
+            "seconds": round(self.seconds, 4),
+        }
+
+
+def _json_float(x: float) -> float | str:
+    return x if math.isfinite(x) else "inf"
+
+
+def _low_key(elem: int | None) -> str:
+    return "bf16" if elem == TensorProto.BFLOAT16 else "fp16"
+
+
+def validate(
+    reference: onnx.ModelProto,
+    candidate: onnx.ModelProto,
+    source: InputSource,
+    config: ValidationConfig,
+    plan: Plan | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> ValidationResult:
+    """Compare ``candidate`` with ``reference`` on every sample of ``source``."""
+    start = time.perf_counter()
+    if config.emulate not in EMULATE_MODES:
+        raise AmpError(f"unknown emulation mode {config.emulate!r}: use auto, always or never")
+    provider, provider_note = choose_provider(config.provider)
+    low_elem = detect_low_dtype(candidate)
+    dtype = _low_key(low_elem)
+    emulated, emulation_note = _decide_emulation(config.emulate, provider, low_elem)
+    runnable = emulation_twin(candidate) if emulated else candidate
+    tolerance = config.tolerance or DEFAULT_TOLERANCES[dtype]
+
+    ref_ctx = _typed(reference)
+    cand_ctx = _typed(candidate)
+    run_ctx = _typed(runnable) if emulated else cand_ctx
+    output_names = [v.name for v in reference.graph.output]
+    cand_outputs = [v.name for v in candidate.graph.output]
+    if output_names != cand_outputs:
+        raise AmpError(f"the models' outputs differ: {output_names} vs {cand_outputs}")
+
+    tensors: list[str] = []
+    if config.per_node:
+        tensors = [
+            name
+            for node in ref_ctx.nodes
+            for name in node.output
+            if name
+            and ref_ctx.types.get(name) in _EXPOSABLE
+            and name in cand_ctx.producer
+            and cand_ctx.types.get(name) in _EXPOSABLE
+            and name not in output_names
+        ]
+    ref_sess = session(expose(reference, ((n, ref_ctx.types[n]) for n in tensors)), provider)
+    cand_sess = session(expose(runnable, ((n, run_ctx.types[n]) for n in tensors)), provider)
+
+    out_stats = {n: ErrorStats(n) for n in output_names}
+    tensor_stats = {n: ErrorStats(n) for n in tensors}
+    samples = 0
+    for feeds in source:
+        ref_values = run(ref_sess, feeds)
+        cand_values = run(cand_sess, feeds)
+        for name, stats in out_stats.items():
+            stats.update(ref_values[name], cand_values[name])
+        for name, stats in tensor_stats.items():
+            stats.update(ref_values[name], cand_values[name])
+        del ref_values, cand_values
+        samples += 1
+        if progress:
+            progress(1)
+    if samples == 0:
+        raise AmpError("no validation samples")
+
+    result = ValidationResult(
+        provider, provider_note, emulated, emulation_note, dtype, tolerance, samples, list(out_stats.values()), top=config.top
+    )
+    if config.per_node:
+        result.nodes = _node_errors(ref_ctx, cand_ctx, {**tensor_stats, **out_stats}, plan)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _decide_emulation(mode: str, provider: str, low_elem: int | None) -> tuple[bool, str]:
+    if low_elem is None:
+        return False, "the candidate has no fp16/bf16 tensors"
+    if mode == "always":
+        return True, "requested (--emulate always)"
+    if mode == "never":
+        if low_elem == TensorProto.BFLOAT16 and provider == "cpu":
+            raise AmpError(
+                "--emulate never: onnxruntime's CPU provider has no bfloat16 kernels; use --provider cuda or emulation"
+            )
+        return False, "requested (--emulate never)"
+    if provider == "cpu":
+        if low_elem == TensorProto.BFLOAT16:
+            return True, "onnxruntime's CPU provider has no bfloat16 kernels"
+        return True, "onnxruntime's CPU provider computes many fp16 ops in fp32 without rounding between them"
+    return False, "real low-precision run on CUDA"
+
+
+def _typed(model: onnx.ModelProto):
+    ctx = build_context(model.graph)
+    infer_types(ctx, model_opsets(model))
+    return ctx
+
+
+def _node_errors(ref_ctx, cand_ctx, stats: dict[str, ErrorStats], plan: Plan | None) -> list[NodeError]:
+    """Error after each node (worst of its float outputs) and before it (worst
+    of its float inputs that were measured), in topological order."""
+    error = {name: s.relative_rms for name, s in stats.items()}
+    planned = {e.name: e.precision.value for e in plan.entries.get("", [])} if plan is not None else {}
+    nodes = []
+    for i, node in enumerate(ref_ctx.nodes):
+        after = [error[o] for o in node.output if o in error]
+        if not after:
+            continue
+        before = [error[x] for x in node.input if x in error]
+        label = ref_ctx.node_label(i)
+        if label in planned:
+            precision = planned[label]
+        else:
+            low = any(cand_ctx.types.get(o) in (TensorProto.FLOAT16, TensorProto.BFLOAT16) for o in node.output)
+            precision = "low" if low else "fp32"
+        nodes.append(
+            NodeError(
+                i,
+                label,
+                node.op_type,
+                precision,
+                max(before, default=0.0),
+                max(after),
+            )
+        )
+    return nodes

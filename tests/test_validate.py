@@ -1,0 +1,289 @@
+"""Validation and reports: real onnxruntime runs, real files, the real CLI."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import onnx
+import pytest
+from helpers import init, manifest_source, model, value
+from onnx import helper
+
+from amp_convert import convert
+from amp_convert.emulate import emulation_twin
+from amp_convert.inputs import make_source
+from amp_convert.metrics import DEFAULT_TOLERANCES, ErrorStats
+from amp_convert.report import report_schema
+from amp_convert.validate import ValidationConfig, validate
+from models.zoo_inputs import load_manifest, make_inputs
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO = {e["name"]: e for e in load_manifest(str(ROOT / "models" / "zoo" / "manifest.json"))}
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("amp-convert")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600)
+
+
+def overflow_model() -> onnx.ModelProto:
+    """x -> MatMul -> Mul(3) -> Exp -> y: Exp of values up to ~14 overflows fp16 (max 65504)."""
+    rng = np.random.default_rng(1)
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="proj"),
+        helper.make_node("Mul", ["h", "k"], ["hk"], name="scale"),
+        helper.make_node("Exp", ["hk"], ["y"], name="exp"),
+    ]
+    w = (rng.standard_normal((8, 8)) * 0.5).astype(np.float32)
+    return model(
+        nodes, [value("x", shape=(4, 8))], [value("y", shape=(4, 8))], [init("W", w), init("k", np.array([3.0], np.float32))]
+    )
+
+
+@pytest.fixture
+def overflow_path(tmp_path) -> Path:
+    path = tmp_path / "overflow.onnx"
+    onnx.save(overflow_model(), str(path))
+    return path
+
+
+def test_overflow_at_o3_exits_1_and_names_the_node_first(overflow_path, tmp_path):
+    out, report_path = tmp_path / "o3.onnx", tmp_path / "o3.json"
+    proc = cli(str(overflow_path), "--level", "O3", "-o", str(out), "--report", str(report_path), "--input-range", "x=-2:2")
+    assert proc.returncode == 1, proc.stderr
+    assert not out.exists()  # out of tolerance: not written without --write-on-fail
+    report = json.loads(report_path.read_text())
+    jsonschema.validate(report, report_schema())
+    v = report["validation"]
+    assert not v["passed"] and v["outputs"][0]["new_nonfinite"] > 0
+    assert v["offenders"][0]["name"] == "exp" and v["offenders"][0]["error_after"] == "inf"
+    assert "FAIL" in proc.stdout and "not written" in proc.stdout
+
+
+def test_same_model_at_o1_exits_0(overflow_path, tmp_path):
+    out = tmp_path / "o1.onnx"
+    proc = cli(str(overflow_path), "--level", "O1", "-o", str(out), "--input-range", "x=-2:2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert out.exists() and "PASS" in proc.stdout
+
+
+def test_write_on_fail_writes_and_still_exits_1(overflow_path, tmp_path):
+    out = tmp_path / "o3.onnx"
+    proc = cli(str(overflow_path), "--level", "O3", "-o", str(out), "--write-on-fail", "--input-range", "x=-2:2", "-q")
+    assert proc.returncode == 1 and out.exists() and proc.stdout == ""
+
+
+def test_no_validate_writes_without_running(overflow_path, tmp_path):
+    out = tmp_path / "o3.onnx"
+    proc = cli(str(overflow_path), "--level", "O3", "-o", str(out), "--no-validate", "--json")
+    assert proc.returncode == 0 and out.exists()
+    assert json.loads(proc.stdout)["result"]["status"] == "not-validated"
+
+
+def test_emulation_rounds_where_the_cpu_provider_does_not():
+    # Intermediate 2*1e4*x overflows fp16 for |x| > 3.3, though the output (scaled back) fits.
+    nodes = [
+        helper.make_node("Mul", ["x", "big"], ["h"], name="up"),
+        helper.make_node("Add", ["h", "h"], ["h2"], name="double"),
+        helper.make_node("Mul", ["h2", "small"], ["y"], name="down"),
+    ]
+    inits = [init("big", np.array([1e4], np.float32)), init("small", np.array([1e-4], np.float32))]
+    m = model(nodes, [value("x", shape=(4,))], [value("y", shape=(4,))], inits)
+    low = convert(m, level="O3").model
+    twin = emulation_twin(low)
+    onnx.checker.check_model(twin, full_check=True)
+    from helpers import run
+
+    x = np.array([1.0, 2.0, 4.0, 5.0], np.float32)
+    emulated = run(twin, {"x": x})[0]
+    assert np.isfinite(emulated[:2]).all() and np.isinf(emulated[2:]).all()
+    assert np.allclose(emulated[:2], 2 * x[:2], rtol=1e-2)
+
+
+def test_bf16_validates_on_cpu_through_emulation_with_its_own_metrics():
+    for name in ("resnet50", "vit", "bert"):
+        entry = ZOO[name]
+        reference = onnx.load(entry["path"])
+        metrics = {}
+        for dtype in ("fp16", "bf16"):
+            result = convert(reference, level="O2", dtype=dtype, target_opset=22)
+            v = validate(
+                reference, result.model, manifest_source(entry, reference), ValidationConfig(provider="cpu"), result.plan
+            )
+            assert v.emulated and v.provider == "cpu" and v.dtype == dtype
+            metrics[dtype] = v.outputs[0].max_abs_err
+            assert v.outputs[0].max_abs_err > 0
+            assert v.passed, (name, dtype, [o.verdict(v.tolerance) for o in v.outputs])
+        assert metrics["bf16"] != metrics["fp16"]
+        assert metrics["bf16"] > metrics["fp16"]  # 8 significant bits against 11
+
+
+def _npz_samples(entry: dict, folder: Path, n: int = 2) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(n):
+        path = folder / f"sample{i}.npz"
+        np.savez(path, **make_inputs(entry, seed=i))
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize("kind", ["npz", "folder", "polygraphy", "random"])
+def test_input_sources(kind, tmp_path):
+    entry = ZOO["bert"]
+    args = [entry["path"], "--level", "O2", "-o", str(tmp_path / "out.onnx"), "--report", str(tmp_path / "r.json"), "-q"]
+    samples = _npz_samples(entry, tmp_path / "samples")
+    if kind == "npz":
+        args += ["--inputs", str(samples[0]), "--inputs", str(samples[1])]
+    elif kind == "folder":
+        args += ["--inputs", str(tmp_path / "samples")]
+    elif kind == "polygraphy":
+        data = [{k: _polygraphy_encode(v) for k, v in make_inputs(entry, seed=i).items()} for i in range(3)]
+        (tmp_path / "inputs.json").write_text(json.dumps(data))
+        args += ["--inputs", str(tmp_path / "inputs.json")]
+    else:
+        args += [
+            "--input-shape",
+            "input_ids=2x12",
+            "--input-shape",
+            "attention_mask=2x12",
+            "--input-shape",
+            "token_type_ids=2x12",
+        ]
+        args += ["--input-range", "input_ids=0:1000", "--samples", "3"]
+    proc = cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    expected = {"npz": 2, "folder": 2, "polygraphy": 3, "random": 3}[kind]
+    assert report["validation"]["samples"] == expected
+    assert report["inputs"]["kind"] == ("random" if kind == "random" else "files")
+
+
+def _polygraphy_encode(array: np.ndarray) -> dict:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return {"array": base64.b64encode(buf.getvalue()).decode(), "polygraphy_class": "ndarray"}
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: {**{k: v for k, v in d.items() if k != "input_ids"}, "input_idz": d["input_ids"]}, "'input_idz'"),
+        (lambda d: {**d, "input_ids": d["input_ids"].astype(np.int32)}, "'input_ids' has dtype int32"),
+        (lambda d: {**d, "input_ids": d["input_ids"][None]}, "'input_ids' has shape [1, 1, 16]"),
+        (lambda d: {k: v for k, v in d.items() if k != "token_type_ids"}, "missing input 'token_type_ids'"),
+    ],
+)
+def test_wrong_inputs_exit_2_naming_the_input(mutate, message, tmp_path):
+    entry = ZOO["bert"]
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, **mutate(make_inputs(entry, seed=0)))
+    out = tmp_path / "out.onnx"
+    proc = cli(entry["path"], "-o", str(out), "--inputs", str(bad))
+    assert proc.returncode == 2
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_bad_input_flags_exit_2(tmp_path):
+    entry = ZOO["bert"]
+    for args, message in (
+        (["--input-shape", "nope=1x2"], "'nope' is not an input"),
+        (["--input-shape", "input_ids=1x2x3"], "rank 3"),
+        (["--input-range", "input_ids=5:1"], "LOW < HIGH"),
+        (["--inputs", str(tmp_path / "missing.npz")], "no such file"),
+    ):
+        proc = cli(entry["path"], "-o", str(tmp_path / "o.onnx"), *args)
+        assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
+
+
+def test_object_arrays_in_npz_are_refused(tmp_path):
+    bad = tmp_path / "pickled.npz"
+    np.savez(bad, input=np.array([{"a": 1}], dtype=object))
+    proc = cli(str(ROOT / "models" / "zoo" / "resnet50.onnx"), "-o", str(tmp_path / "o.onnx"), "--inputs", str(bad))
+    assert proc.returncode == 2 and "object arrays" in proc.stderr
+
+
+def test_compare_command_scores_another_tools_conversion(tmp_path):
+    from onnxconverter_common import float16
+
+    entry = ZOO["resnet50"]
+    peer = float16.convert_float_to_float16(onnx.load(entry["path"]), keep_io_types=True)
+    peer_path = tmp_path / "peer.onnx"
+    onnx.save(peer, str(peer_path))
+    report_path = tmp_path / "cmp.json"
+    proc = cli("compare", entry["path"], str(peer_path), "--report", str(report_path), "--samples", "1")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(report_path.read_text())
+    jsonschema.validate(report, report_schema())
+    assert report["command"] == "compare" and report["validation"]["emulated"]
+    assert report["validation"]["nodes"]  # per-node errors, precision read off the candidate
+    precisions = [n["precision"] for n in report["validation"]["nodes"]]
+    assert precisions.count("low") > len(precisions) // 2  # read off the candidate's tensor types
+
+
+def test_error_stats():
+    s = ErrorStats("y")
+    ref = np.array([1.0, -2.0, 3.0, 0.0], np.float32)
+    s.update(ref, ref + np.array([0.01, 0.0, -0.03, 0.0], np.float32))
+    s.update(ref, np.array([1.0, -2.0, np.inf, 0.0], np.float32))
+    assert s.samples == 2 and s.new_nonfinite == 1 and s.cand_inf == 1
+    assert math.isclose(s.max_abs_err, 0.03, rel_tol=1e-4)
+    assert 0.999 < s.cosine < 1.0 and s.snr_db > 30
+    assert s.verdict(DEFAULT_TOLERANCES["fp16"]) == ["1 new NaN/Inf values"]  # 0.03 <= 1e-3 + 1e-2 * 3
+    exact = ErrorStats("ids")
+    exact.update(np.array([1, 2, 3, 4]), np.array([1, 2, 0, 4]))
+    assert exact.kind == "exact" and exact.equal_fraction == 0.75
+    assert exact.verdict(DEFAULT_TOLERANCES["fp16"])
+
+
+def test_per_node_memory_does_not_grow_with_samples(tmp_path):
+    """Streaming: only running sums are kept, so 1 or 20 samples hold the same state."""
+    entry = ZOO["vit"]
+    reference = onnx.load(entry["path"])
+    low = convert(reference, level="O2").model
+    v1 = validate(reference, low, make_source(reference, samples=1), ValidationConfig(provider="cpu"))
+    v20 = validate(reference, low, make_source(reference, samples=20), ValidationConfig(provider="cpu"))
+    assert v20.samples == 20 and len(v20.nodes) == len(v1.nodes)
+    assert all(not hasattr(s, "values") for s in v20.outputs)
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is installed by `make test` (make browser)")
+def test_html_report_opens_in_headless_chromium_with_the_chart(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    html_path = tmp_path / "report.html"
+    proc = cli(str(ROOT / "models" / "zoo" / "convnext.onnx"), "-o", str(tmp_path / "c.onnx"), "--html", str(html_path), "-q")
+    assert proc.returncode == 0, proc.stderr
+    text = html_path.read_text()
+    assert "http://" not in text.replace("http://www.w3.org/2000/svg", "") and "<script" not in text  # self-contained
+    args = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--no-first-run"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
+        page = browser.new_page()
+        problems: list[str] = []
+        page.on("console", lambda m: problems.append(m.text) if m.type in ("error", "warning") else None)
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        page.goto(html_path.as_uri())
+        chart = page.locator("#error-chart")
+        box = chart.bounding_box()
+        marks = page.locator("#error-chart circle").count()
+        status = page.locator("#status").inner_text()
+        rows = page.locator("#offenders tr").count()
+        browser.close()
+    assert problems == []
+    assert box is not None and box["width"] > 500 and box["height"] > 200
+    assert marks == len(onnx.load(str(ROOT / "models" / "zoo" / "convnext.onnx")).graph.node)
+    assert status == "passed" and rows > 1
