@@ -28,7 +28,7 @@ EXIT_OK, EXIT_TOLERANCE, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 # Config-file keys: the long option names, with '-' or '_'.
 PARAMETER_NAMES = {"json": "json_out", "lists": "lists_profile"}  # where the parameter is named otherwise
 MULTIPLE_KEYS = {"white_list", "black_list", "only_white_list", "only_black_list", "keep_fp32", "force_low"}
-MULTIPLE_KEYS |= {"inputs", "input_shape", "input_range"}
+MULTIPLE_KEYS |= {"inputs", "input_shape", "input_range", "calibration"}
 CONFIG_KEYS = {
     "level",
     "dtype",
@@ -42,6 +42,12 @@ CONFIG_KEYS = {
     "keep_batchnorm_fp32",
     "io_types",
     "safety",
+    "initializer_range",
+    "clip_initializers",
+    "data_max",
+    "calibration",
+    "max_trials",
+    "auto_from",
     "check",
     "target_opset",
     "output",
@@ -122,10 +128,10 @@ def conversion_options(f):
     options = [
         click.option(
             "--level",
-            type=click.Choice(LEVELS),
+            type=click.Choice([*LEVELS, "auto"]),
             default=None,
-            help="O0 no change; O1 only white-list ops low; O2 all but black-list ops low (default); O3 everything low. "
-            "Example: --level O1",
+            help="O0 no change; O1 only white-list ops low; O2 all but black-list ops low (default); O3 everything low; "
+            "auto: the most low precision that meets the tolerance, found by measurement. Example: --level O1",
         ),
         click.option(
             "--dtype",
@@ -293,9 +299,47 @@ def validation_options(f):
 )
 @click.option(
     "--safety/--no-safety",
+    default=None,
+    help="Safety rules (on at O1, O2 and auto; off at O3): keep nodes fp32 whose constants or fp32-run values the "
+    "low dtype cannot hold. Example: --no-safety",
+)
+@click.option(
+    "--initializer-range/--no-initializer-range",
     default=True,
     show_default=True,
-    help="O1/O2: keep nodes fp32 whose constants the low dtype cannot represent. Example: --no-safety",
+    help="The constants rule of --safety. Example: --no-initializer-range",
+)
+@click.option(
+    "--clip-initializers",
+    is_flag=True,
+    help="Clip out-of-range constants (counted in the report) instead of keeping their nodes fp32. Example: --clip-initializers",
+)
+@click.option(
+    "--data-max",
+    type=float,
+    default=None,
+    help="Calibrated rule: nodes whose fp32 values exceed this stay fp32 (default: half the dtype's max). "
+    "Example: --data-max 10000",
+)
+@click.option(
+    "--calibration",
+    multiple=True,
+    metavar="PATH",
+    help="Samples for the calibrated rule (default: the validation inputs); same formats as --inputs. "
+    "Example: --calibration calib/",
+)
+@click.option(
+    "--max-trials",
+    type=click.IntRange(1, 1000),
+    default=8,
+    show_default=True,
+    help="--level auto: most conversions + validations to try. Example: --max-trials 12",
+)
+@click.option(
+    "--auto-from",
+    type=click.Choice(["O1", "O2"]),
+    default=None,
+    help="--level auto: grow from a list level instead of shrinking from O3. Example: --auto-from O2",
 )
 @click.option(
     "--target-opset",
@@ -339,8 +383,77 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     from .pipeline import convert, load_input
     from .save import save_model, write_text
 
-    options = ConvertOptions(
-        level=kw["level"],
+    auto = kw["level"] == "auto"
+    options = _conversion_options(kw)
+    output = output or _default_output(model, options.dtype)
+    _check_output_path(model, output)
+    for flag in ("plan_json", "report", "html"):
+        if kw[flag] is not None:
+            _check_output_path(model, kw[flag])
+    if auto and not kw["validate"]:
+        raise AmpError("--level auto measures accuracy: it cannot run with --no-validate")
+    reference = load_input(model)
+    source = _input_source(reference, kw) if kw["validate"] else None
+    calibration = _calibration(reference, source, options, kw, auto)
+    searched = None
+    if auto:
+        searched = _auto(reference, options, source, calibration, kw)
+        result, validation = searched.conversion, searched.validation
+    else:
+        result = convert(reference, options, check=kw["check"], calibration=calibration)
+        validation = _validate(reference, result.model, source, kw, result.plan) if source is not None else None
+    if kw["explain"] and not kw["json_out"]:
+        click.echo(result.plan.format_table())
+    if kw["plan_json"]:
+        write_text(kw["plan_json"], result.plan.to_json())
+    passed = validation is None or validation.passed
+    exit_code = EXIT_OK if passed else EXIT_TOLERANCE
+    write = passed or kw["write_on_fail"]
+    if write:
+        save_model(result.model, output)
+    size_before = model.stat().st_size
+    size_after = output.stat().st_size if write else result.model.ByteSize()
+    timings = dict(result.timings)
+    if validation is not None:
+        timings["validate"] = validation.seconds
+    if searched is not None:
+        timings = {"auto_search": searched.seconds}
+    report = build_report(
+        command="convert",
+        model_path=model,
+        model_nodes=len(reference.graph.node),
+        output_path=output,
+        written=write,
+        options={**options.as_dict(), "level": kw["level"] or options.effective_level},
+        conversion=result,
+        validation=validation,
+        inputs=None if source is None else source.describe(),
+        timings=timings,
+        size_before=size_before,
+        size_after=size_after,
+        exit_code=exit_code,
+        auto=None if searched is None else searched.as_dict(),
+    )
+    _emit_reports(report, kw)
+    if not kw["quiet"] and not kw["json_out"]:
+        c = result.plan.counts()
+        level = (
+            f"auto ({len(searched.trials)} trials, {searched.low_compute:.1%} of compute low)" if searched else result.plan.level
+        )
+        click.echo(
+            f"{model} -> {output if write else '(not written: out of tolerance; --write-on-fail writes it)'}: "
+            f"{level} {options.dtype}, "
+            f"{c['low']} low / {c['fp32']} fp32 / {c['unchanged']} unchanged nodes, "
+            f"casts {result.casts_before} -> {result.casts_after}, "
+            f"{_mb(size_before)} -> {_mb(size_after)}, {sum(timings.values()):.2f} s"
+        )
+    if exit_code:
+        raise click.exceptions.Exit(exit_code)
+
+
+def _conversion_options(kw: dict) -> ConvertOptions:
+    return ConvertOptions(
+        level=None if kw["level"] == "auto" else kw["level"],
         dtype=kw["dtype"],
         lists=kw["lists_profile"],
         white_list=_split_ops(kw["white_list"]),
@@ -351,56 +464,47 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         force_low=tuple(kw["force_low"]),
         keep_batchnorm_fp32=kw["keep_batchnorm_fp32"],
         io_types=kw["io_types"],
-        initializer_range=kw["safety"],
+        safety=kw["safety"],
+        initializer_range=kw["initializer_range"],
+        clip_initializers=kw["clip_initializers"],
+        data_max=kw["data_max"],
         target_opset=kw["target_opset"],
     ).validated()
-    output = output or _default_output(model, options.dtype)
-    _check_output_path(model, output)
-    for flag in ("plan_json", "report", "html"):
-        if kw[flag] is not None:
-            _check_output_path(model, kw[flag])
-    reference = load_input(model)
-    source = _input_source(reference, kw) if kw["validate"] else None
-    result = convert(reference, options, check=kw["check"])
-    if kw["explain"] and not kw["json_out"]:
-        click.echo(result.plan.format_table())
-    if kw["plan_json"]:
-        write_text(kw["plan_json"], result.plan.to_json())
-    validation = _validate(reference, result.model, source, kw, result.plan) if source is not None else None
-    passed = validation is None or validation.passed
-    exit_code = EXIT_OK if passed else EXIT_TOLERANCE
-    write = passed or kw["write_on_fail"]
-    if write:
-        save_model(result.model, output)
-    size_before = model.stat().st_size
-    size_after = output.stat().st_size if write else result.model.ByteSize()
-    report = build_report(
-        command="convert",
-        model_path=model,
-        model_nodes=len(reference.graph.node),
-        output_path=output,
-        written=write,
-        options=options.as_dict(),
-        conversion=result,
-        validation=validation,
-        inputs=None if source is None else source.describe(),
-        timings={**result.timings, **({"validate": validation.seconds} if validation else {})},
-        size_before=size_before,
-        size_after=size_after,
-        exit_code=exit_code,
+
+
+def _calibration(reference, source, options: ConvertOptions, kw: dict, auto: bool):
+    """fp32 value ranges for the calibrated safety rule: from --calibration,
+    else from the validation inputs (one streaming pass)."""
+    from .calibrate import calibrate
+    from .inputs import make_source
+
+    if not (auto or options.safety_on):
+        return None
+    if kw["calibration"]:
+        source = make_source(reference, kw["calibration"], kw["input_shape"], kw["input_range"], kw["samples"], kw["seed"])
+    if source is None:
+        return None
+    return calibrate(reference, source, kw["provider"])
+
+
+def _auto(reference, options: ConvertOptions, source, calibration, kw: dict):
+    from .auto import auto_convert
+    from .validate import ValidationConfig
+
+    def show(trial) -> None:
+        if not kw["quiet"] and not kw["json_out"]:
+            verdict = "pass" if trial.passed else "fail"
+            click.echo(f"trial {trial.number}: {trial.step}: {verdict}, {trial.low_compute:.1%} of compute low", err=True)
+
+    config = ValidationConfig(kw["provider"], kw["emulate"], True, kw["top"], _tolerance(kw, reference_low=options.dtype))
+    searched = auto_convert(
+        reference, options, source, config, calibration, kw["max_trials"], kw["auto_from"] or "O3", kw["check"], show
     )
-    _emit_reports(report, kw)
-    if not kw["quiet"] and not kw["json_out"]:
-        c = result.plan.counts()
+    if searched.validation is None and not kw["quiet"] and not kw["json_out"]:
         click.echo(
-            f"{model} -> {output if write else '(not written: out of tolerance; --write-on-fail writes it)'}: "
-            f"{options.effective_level} {options.dtype}, "
-            f"{c['low']} low / {c['fp32']} fp32 / {c['unchanged']} unchanged nodes, "
-            f"casts {result.casts_before} -> {result.casts_after}, "
-            f"{_mb(size_before)} -> {_mb(size_after)}, {sum(result.timings.values()):.2f} s"
+            f"auto: no low-precision assignment met the tolerance in {len(searched.trials)} trials; writing the fp32 model"
         )
-    if exit_code:
-        raise click.exceptions.Exit(exit_code)
+    return searched
 
 
 @cli.command("compare")
@@ -446,26 +550,31 @@ def _input_source(reference, kw: dict):
 
 
 def _validate(reference, candidate, source, kw: dict, plan):
-    from .metrics import DEFAULT_TOLERANCES, Tolerance
+    from .emulate import detect_low_dtype
     from .validate import ValidationConfig, validate
 
-    tolerance = None
-    if any(kw[k] is not None for k in ("atol", "rtol", "min_cosine")):
-        from .emulate import detect_low_dtype
-
-        base = DEFAULT_TOLERANCES["bf16" if detect_low_dtype(candidate) == 16 else "fp16"]
-        tolerance = Tolerance(
-            atol=base.atol if kw["atol"] is None else kw["atol"],
-            rtol=base.rtol if kw["rtol"] is None else kw["rtol"],
-            min_cosine=base.min_cosine if kw["min_cosine"] is None else kw["min_cosine"],
-            min_equal=base.min_equal,
-        )
+    tolerance = _tolerance(kw, reference_low="bf16" if detect_low_dtype(candidate) == 16 else "fp16")
     config = ValidationConfig(kw["provider"], kw["emulate"], kw["per_node"], kw["top"], tolerance)
     show = not kw["quiet"] and not kw["json_out"] and sys.stderr.isatty()
     if not show:
         return validate(reference, candidate, source, config, plan)
     with click.progressbar(length=source.count() or 1, label="validating", file=sys.stderr) as bar:
         return validate(reference, candidate, source, config, plan, progress=bar.update)
+
+
+def _tolerance(kw: dict, reference_low: str):
+    """User tolerances over the dtype's defaults (None: all defaults)."""
+    from .metrics import DEFAULT_TOLERANCES, Tolerance
+
+    if all(kw[k] is None for k in ("atol", "rtol", "min_cosine")):
+        return None
+    base = DEFAULT_TOLERANCES[reference_low]
+    return Tolerance(
+        atol=base.atol if kw["atol"] is None else kw["atol"],
+        rtol=base.rtol if kw["rtol"] is None else kw["rtol"],
+        min_cosine=base.min_cosine if kw["min_cosine"] is None else kw["min_cosine"],
+        min_equal=base.min_equal,
+    )
 
 
 def _emit_reports(report: dict, kw: dict) -> None:

@@ -35,8 +35,14 @@ class ConvertOptions:
     force_low: tuple[str, ...] = ()
     keep_batchnorm_fp32: bool | None = None
     io_types: str = "keep"
-    initializer_range: bool = True  # safety rule (O1/O2): out-of-range constants keep their consumer fp32
+    # Safety rules: None = on at O1/O2 (and auto), off at O3 ("everything").
+    safety: bool | None = None
+    initializer_range: bool = True  # out-of-range constants keep their consumer fp32
+    clip_initializers: bool = False  # ... or are clipped to the low dtype's range instead (counted)
+    data_max: float | None = None  # calibrated rule: |values| in the fp32 run above this keep a node fp32
     target_opset: int | None = None  # upgrade the default-domain opset first (never downgrades)
+    keep_fp32_nodes: tuple[str, ...] = ()  # exact node names (the auto search sets these)
+    force_low_nodes: tuple[str, ...] = ()
     _compiled: dict[str, tuple[re.Pattern[str], ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -48,6 +54,15 @@ class ConvertOptions:
     @property
     def low(self) -> LowDtype:
         return low_dtype(self.dtype)
+
+    @property
+    def safety_on(self) -> bool:
+        return self.safety if self.safety is not None else self.effective_level in ("O1", "O2")
+
+    @property
+    def effective_data_max(self) -> float:
+        """Default: half the low dtype's max (headroom for values the samples missed)."""
+        return self.data_max if self.data_max is not None else self.low.max / 2
 
     def validated(self) -> ConvertOptions:
         """A normalised copy; raises AmpError (usage error) on bad values."""
@@ -64,6 +79,8 @@ class ConvertOptions:
             raise AmpError(f"unknown list profile {self.lists!r}: use one of {', '.join(PROFILES)}")
         if self.io_types not in IO_TYPES:
             raise AmpError(f"unknown io types {self.io_types!r}: use 'keep' or 'low'")
+        if self.data_max is not None and not self.data_max > 0:
+            raise AmpError(f"--data-max must be positive, got {self.data_max!r}")
         if self.target_opset is not None and not isinstance(self.target_opset, int):
             raise AmpError(f"--target-opset must be an integer, got {self.target_opset!r}")
         if self.only_white_list is not None and self.only_black_list is not None:

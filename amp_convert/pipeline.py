@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from .calibrate import Calibration
 from .check import check_converted
 from .cleanup import clean_up, count_casts
 from .graph import NameGenerator, all_names, build_context
@@ -86,6 +87,7 @@ def convert(
     options: ConvertOptions | None = None,
     *,
     check: str = "full",
+    calibration: Calibration | None = None,
     **option_values,
 ) -> ConversionResult:
     """Convert an fp32 model to mixed precision.
@@ -93,6 +95,8 @@ def convert(
     ``options`` or keyword arguments (``level="O2", dtype="fp16",
     white_list=[...]``, any :class:`ConvertOptions` field) say how. Returns a
     :class:`ConversionResult`; ``model, plan = convert(...)`` also works.
+    ``calibration`` (from :func:`amp_convert.calibrate.calibrate`) turns on
+    the calibrated range rule.
     """
     if options is not None and option_values:
         raise TypeError("pass either options or keyword options, not both")
@@ -109,7 +113,9 @@ def convert(
         timer.lap("upgrade")
     ctx = build_context(work.graph)
     infer_types(ctx, model_opsets(work))
-    plan = make_plan(work, ctx, options, ConstantRanges())
+    if calibration is None and options.safety_on:
+        notes.append("calibrated range rule inactive: no reference data")
+    plan = make_plan(work, ctx, options, ConstantRanges(clip=options.clip_initializers), calibration)
     plan.notes[:0] = notes
     timer.lap("plan")
     result = ConversionResult(work, plan, options, casts_before=casts_before)

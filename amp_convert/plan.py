@@ -33,6 +33,7 @@ from enum import Enum
 
 import onnx
 
+from .calibrate import Calibration
 from .dtypes import FLOAT, LowDtype
 from .graph import GraphContext
 from .lists import (
@@ -43,7 +44,7 @@ from .lists import (
     OpLists,
 )
 from .options import ConvertOptions
-from .safety import ConstantRanges
+from .safety import ConstantRanges, data_range_problem
 from .schema import Signature, first_opset_admitting, is_default_domain, model_opsets, op_key, signature
 
 
@@ -180,8 +181,19 @@ class Demand:
 class Planner:
     """Builds a :class:`Plan` for a model whose graphs are indexed and typed."""
 
-    def __init__(self, model: onnx.ModelProto, options: ConvertOptions, lists: OpLists, ranges: ConstantRanges):
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        options: ConvertOptions,
+        lists: OpLists,
+        ranges: ConstantRanges,
+        calibration: Calibration | None = None,
+    ):
         self.options = options
+        self.calibration = calibration
+        self.data_max = options.effective_data_max
+        self.keep_names = frozenset(options.keep_fp32_nodes)
+        self.force_names = frozenset(options.force_low_nodes)
         self.level = options.effective_level
         self.low: LowDtype = options.low
         self.lists = lists
@@ -189,7 +201,8 @@ class Planner:
         self.opsets = model_opsets(model)
         self.keep_patterns = options.patterns("keep_fp32")
         self.force_patterns = options.patterns("force_low")
-        self.safety = options.initializer_range and self.level in ("O1", "O2")
+        self.safety = options.safety_on
+        self.constants_rule = self.safety and options.initializer_range
         self.plan = Plan(self.level, options.dtype, lists.profile, notes=list(lists.notes))
         self.states: dict[str, str] = {}  # data precision of float tensors, across scopes (names are unique)
         self.demand = Demand(self.plan, self.low, options.io_types)
@@ -259,11 +272,15 @@ class Planner:
         for pattern in self.keep_patterns:
             if pattern.search(label):
                 return entry(Precision.FP32, "user-keep-fp32", f"--keep-fp32 {pattern.pattern!r}"), "fixed"
+        if label in self.keep_names:
+            return entry(Precision.FP32, "auto-keep-fp32", "auto search: kept fp32 (it added error)"), "fixed"
         for pattern in self.force_patterns:
             if pattern.search(label):
-                return self._try_low(
-                    ctx, i, entry(Precision.LOW, "user-force-low", f"--force-low {pattern.pattern!r}"), sig, safety=False
-                ), "fixed"
+                forced = entry(Precision.LOW, "user-force-low", f"--force-low {pattern.pattern!r}")
+                return self._try_low(ctx, i, forced, sig, safety=False), "fixed"
+        if label in self.force_names:
+            forced = entry(Precision.LOW, "auto-force-low", "auto search: runs low within tolerance")
+            return self._try_low(ctx, i, forced, sig, safety=False), "fixed"
         if default_domain and op in SOURCE_OPS:
             return entry(Precision.FP32, "source", "creates float data: takes the precision its consumers need"), _SOURCE
         return self._by_level(ctx, i, key, sig, entry)
@@ -299,11 +316,14 @@ class Planner:
             return entry
         low_inputs, low_outputs = slots
         if safety and self.safety:
-            problem = self.ranges.problem(ctx, node, low_inputs, self.low)
-            if problem:
-                entry.precision, entry.rule = Precision.FP32, "safety-initializer-range"
-                entry.reason = f"{problem} (wanted low: {entry.reason})"
-                return entry
+            for rule, problem in (
+                ("safety-initializer-range", self.constants_rule and self.ranges.problem(ctx, node, low_inputs, self.low)),
+                ("safety-data-range", data_range_problem(ctx, node, self.calibration, self.data_max, self.low)),
+            ):
+                if problem:
+                    entry.precision, entry.rule = Precision.FP32, rule
+                    entry.reason = f"{problem} (wanted low: {entry.reason})"
+                    return entry
         entry.precision = Precision.LOW
         entry.low_inputs, entry.low_outputs = low_inputs, low_outputs
         return entry
@@ -424,6 +444,12 @@ def lowered_slots(
     return low_inputs, low_outputs
 
 
-def make_plan(model: onnx.ModelProto, ctx: GraphContext, options: ConvertOptions, ranges: ConstantRanges) -> Plan:
+def make_plan(
+    model: onnx.ModelProto,
+    ctx: GraphContext,
+    options: ConvertOptions,
+    ranges: ConstantRanges,
+    calibration: Calibration | None = None,
+) -> Plan:
     """Classify every node of ``model`` (indexed and typed in ``ctx``)."""
-    return Planner(model, options, options.op_lists(), ranges).run(ctx)
+    return Planner(model, options, options.op_lists(), ranges, calibration).run(ctx)

@@ -38,6 +38,7 @@ def build_report(
     size_before: int | None = None,
     size_after: int | None = None,
     exit_code: int = 0,
+    auto: dict | None = None,
 ) -> dict[str, Any]:
     plan = None
     conv = None
@@ -77,6 +78,7 @@ def build_report(
         "conversion": conv,
         "inputs": inputs,
         "validation": None if validation is None else validation.as_dict(),
+        "auto": auto,
         "timing_s": {k: round(v, 4) for k, v in (timings or {}).items()},
         "size": {"before_bytes": size_before, "after_bytes": size_after, "ratio": ratio},
         "result": {"status": status, "exit_code": exit_code},

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from .calibrate import Calibration
 from .dtypes import LowDtype
 from .graph import GraphContext
 
@@ -72,10 +73,15 @@ def constant_array(tensor: onnx.TensorProto) -> np.ndarray:
 
 
 class ConstantRanges:
-    """Finds and caches the value statistics of the constants nodes read."""
+    """Finds and caches the value statistics of the constants nodes read.
 
-    def __init__(self) -> None:
+    With ``clip`` (``--clip-initializers``) values beyond the low dtype's
+    range do not keep a node fp32: the rewrite clips and counts them.
+    """
+
+    def __init__(self, clip: bool = False) -> None:
         self._stats: dict[str, ValueStats] = {}
+        self.clip = clip
 
     def stats(self, name: str, tensor: onnx.TensorProto) -> ValueStats:
         if name not in self._stats:
@@ -112,9 +118,27 @@ class ConstantRanges:
                 continue
             name, tensor = found
             s = self.stats(name, tensor)
-            if s.abs_max > low.max:
+            if s.abs_max > low.max and not self.clip:
                 return f"safety: constant {name!r} holds values up to {s.abs_max:.4g}, beyond {low.name}'s max {low.max:.6g}"
             lost = s.underflow(low)
             if lost and (s.size <= SMALL_CONSTANT or lost * 2 > s.nonzero):
                 return f"safety: {lost} of {s.nonzero} non-zero values of constant {name!r} would become 0 in {low.name}"
         return None
+
+
+def data_range_problem(
+    ctx: GraphContext, node: onnx.NodeProto, calibration: Calibration | None, data_max: float, low: LowDtype
+) -> str | None:
+    """Calibrated rule: a node whose float inputs or outputs reached more than
+    ``data_max`` in magnitude in the fp32 run stays fp32 (main graph only:
+    calibration sees the main graph's tensors)."""
+    if calibration is None or ctx.parent is not None:
+        return None
+    worst, where = 0.0, ""
+    for name in (*node.input, *node.output):
+        value = calibration.abs_max(name) if name else None
+        if value is not None and value > worst:
+            worst, where = value, name
+    if worst > data_max:
+        return f"safety: {where!r} reaches {worst:.4g} in the fp32 run, above --data-max {data_max:.6g}"
+    return None

@@ -88,11 +88,14 @@ class ValidationResult:
     def passed(self) -> bool:
         return all(not o.verdict(self.tolerance) for o in self.outputs)
 
-    def offenders(self) -> list[NodeError]:
-        """Nodes ranked by the error they add over their inputs (ties: earlier first)."""
+    def ranked(self) -> list[NodeError]:
+        """Nodes that add error over their inputs, most first (ties: earlier first)."""
         ranked = [n for n in self.nodes if n.added > 0]
         ranked.sort(key=lambda n: (-n.added, n.index))
-        return ranked[: self.top]
+        return ranked
+
+    def offenders(self) -> list[NodeError]:
+        return self.ranked()[: self.top]
 
     def as_dict(self) -> dict:
         return {

@@ -1,0 +1,294 @@
+"""``--level auto``: the most low precision that still meets the tolerance,
+found by measurement.
+
+The search starts from O3 (everything low) with the safety rules on, and
+validates. While the model fails, it keeps in fp32 the low nodes that the
+per-node diff ranks worst (one, then two, four ...: the error a node adds
+over its inputs, overflow first). Once it passes, it tries to give the kept
+nodes back in halves, least harmful first, and keeps what still passes.
+``--auto-from O1|O2`` starts from a list level instead and grows: it tries to
+run the fp32 nodes low, heaviest compute first, in halves. Every trial
+counts against ``--max-trials``; the best passing trial wins (the fp32
+model itself if none passes). Inputs are seeded, so the search is
+deterministic.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import onnx
+
+from .calibrate import Calibration
+from .graph import build_context
+from .inputs import InputSource
+from .options import ConvertOptions
+from .pipeline import ConversionResult, convert
+from .plan import Plan, Precision
+from .validate import ValidationConfig, ValidationResult, validate
+
+AUTO_STARTS = ("O3", "O1", "O2")
+
+
+@dataclass
+class Trial:
+    number: int
+    step: str
+    kept_fp32: tuple[str, ...]
+    forced_low: tuple[str, ...]
+    passed: bool
+    low_compute: float  # fraction of the float compute that runs low
+    casts: int
+    seconds: float
+    worst: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict:
+        return {
+            "number": self.number,
+            "step": self.step,
+            "kept_fp32": list(self.kept_fp32),
+            "forced_low": list(self.forced_low),
+            "passed": self.passed,
+            "low_compute": round(self.low_compute, 6),
+            "casts": self.casts,
+            "seconds": round(self.seconds, 4),
+            "worst": list(self.worst),
+        }
+
+
+@dataclass
+class AutoResult:
+    conversion: ConversionResult
+    validation: ValidationResult | None  # None: no trial passed, the fp32 model is returned
+    trials: list[Trial] = field(default_factory=list)
+    start: str = "O3"
+    seconds: float = 0.0
+    chosen: int = 0  # trial number of the result (0: the fp32 fallback)
+
+    @property
+    def low_compute(self) -> float:
+        return next((t.low_compute for t in self.trials if t.number == self.chosen), 0.0)
+
+    def as_dict(self) -> dict:
+        kept = {e.name: e.reason for e in self.conversion.plan if e.precision is Precision.FP32 and e.rule != "control-flow"}
+        return {
+            "start": self.start,
+            "trials": [t.as_dict() for t in self.trials],
+            "chosen_trial": self.chosen,
+            "low_compute": round(self.low_compute, 6),
+            "seconds": round(self.seconds, 4),
+            "kept_fp32": kept,
+        }
+
+
+def compute_weights(model: onnx.ModelProto, calibration: Calibration | None) -> dict[str, float]:
+    """Rough cost of each main-graph node: multiply-accumulates for the
+    GEMM-like ops, output elements for the rest (1 where shapes are unknown)."""
+    ctx = build_context(model.graph)
+    shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    if calibration is not None:
+        shapes.update({n: r.shape for n, r in calibration.ranges.items() if r.size})
+
+    def size(name: str) -> int:
+        shape = shapes.get(name)
+        if shape is None:
+            return 0
+        n = 1
+        for d in shape:
+            n *= max(int(d), 1)
+        return n
+
+    weights = {}
+    for i, node in enumerate(ctx.nodes):
+        out = size(node.output[0]) if node.output else 0
+        w = float(out or 1)
+        op = node.op_type
+        if op in ("Conv", "ConvTranspose") and len(node.input) > 1 and shapes.get(node.input[1]):
+            kernel = shapes[node.input[1]]
+            per_output = kernel[1] if op == "Conv" else kernel[0]
+            for d in kernel[2:]:
+                per_output *= d
+            w = float(out) * per_output if out else w
+        elif op in ("MatMul", "Gemm") and shapes.get(node.input[0]):
+            a = shapes[node.input[0]]
+            transposed = op == "Gemm" and any(at.name == "transA" and at.i for at in node.attribute)
+            k = a[-2] if transposed else a[-1]
+            w = float(out) * max(int(k), 1) if out else w
+        elif op in ("LSTM", "GRU", "RNN") and shapes.get(node.input[1]) and shapes.get(node.input[2]):
+            gates_in, gates_hidden = shapes[node.input[1]], shapes[node.input[2]]
+            w = float(out) * (gates_in[1] * gates_in[2] + gates_hidden[1] * gates_hidden[2]) / max(gates_in[2], 1)
+        weights[ctx.node_label(i)] = w
+    return weights
+
+
+def low_compute_fraction(plan: Plan, weights: dict[str, float]) -> float:
+    low = total = 0.0
+    for e in plan:
+        if e.precision is Precision.UNCHANGED or e.rule == "control-flow":
+            continue
+        w = weights.get(e.name, 1.0) if e.graph == "" else 1.0
+        total += w
+        if e.precision is Precision.LOW:
+            low += w
+    return low / total if total else 0.0
+
+
+class AutoSearch:
+    """One search: its trials, its budget, its best passing result."""
+
+    def __init__(
+        self,
+        reference: onnx.ModelProto,
+        options: ConvertOptions,
+        source: InputSource,
+        config: ValidationConfig,
+        calibration: Calibration | None,
+        max_trials: int,
+        check: str,
+        on_trial: Callable[[Trial], None] | None,
+    ):
+        self.reference = reference
+        self.options = options
+        self.source = source
+        self.config = replace(config, per_node=True)
+        self.calibration = calibration
+        self.max_trials = max_trials
+        self.check = check
+        self.on_trial = on_trial
+        self.weights = compute_weights(reference, calibration)
+        self.trials: list[Trial] = []
+        self.best: tuple[float, ConversionResult, ValidationResult, int] | None = None
+
+    @property
+    def budget_left(self) -> bool:
+        return len(self.trials) < self.max_trials
+
+    def trial(self, step: str, level: str, keep: tuple[str, ...] = (), force: tuple[str, ...] = ()):
+        t0 = time.perf_counter()
+        opts = replace(self.options, level=level, safety=True, keep_fp32_nodes=keep, force_low_nodes=force).validated()
+        result = convert(self.reference, opts, check=self.check, calibration=self.calibration)
+        validation = validate(self.reference, result.model, self.source, self.config, result.plan)
+        fraction = low_compute_fraction(result.plan, self.weights)
+        trial = Trial(
+            len(self.trials) + 1,
+            step,
+            keep,
+            force,
+            validation.passed,
+            fraction,
+            result.casts_after,
+            time.perf_counter() - t0,
+            tuple(n.name for n in validation.offenders()[:5]),
+        )
+        self.trials.append(trial)
+        if self.on_trial:
+            self.on_trial(trial)
+        if validation.passed and (self.best is None or fraction > self.best[0]):
+            self.best = (fraction, result, validation, trial.number)
+        return result, validation
+
+    def keep_worst(self, level: str, result, validation, kept: list[str]):
+        """Keep the worst low nodes fp32, doubling the batch, until it passes."""
+        batch = 1
+        while not validation.passed and self.budget_left:
+            worst = _worst_low_nodes(result.plan, validation, set(kept))
+            if not worst:
+                break
+            kept += worst[:batch]
+            result, validation = self.trial(f"keep {len(worst[:batch])} more fp32 (most error added)", level, tuple(kept))
+            batch *= 2
+        return result, validation
+
+    def give_back(self, level: str, kept: list[str]) -> None:
+        """Try the kept nodes low again in halves, least harmful first."""
+        candidates = list(reversed(kept))  # kept worst-first
+        chunk = max(len(candidates) // 2, 1)
+        while candidates and self.budget_left:
+            giving = candidates[:chunk]
+            keep = tuple(n for n in kept if n not in giving)
+            _, validation = self.trial(f"give back {len(giving)} node(s)", level, keep)
+            if validation.passed:
+                kept[:] = list(keep)
+                candidates = candidates[chunk:]
+            elif chunk > 1:
+                chunk //= 2
+            else:
+                candidates = candidates[1:]
+
+    def from_o3(self) -> None:
+        kept: list[str] = []
+        result, validation = self.trial("O3 with safety rules", "O3")
+        result, validation = self.keep_worst("O3", result, validation, kept)
+        if validation.passed:
+            self.give_back("O3", kept)
+            return
+        for level in ("O2", "O1"):
+            if not self.budget_left:
+                return
+            _, validation = self.trial(f"fall back to {level}", level, tuple(kept))
+            if validation.passed:
+                return
+
+    def from_level(self, level: str) -> None:
+        result, validation = self.trial(f"{level} with safety rules", level)
+        if not validation.passed:
+            self.keep_worst(level, result, validation, [])
+            return
+        candidates = sorted(
+            (e.name for e in result.plan.entries.get("", []) if e.precision is Precision.FP32 and e.rule in _GROWABLE),
+            key=lambda n: -self.weights.get(n, 1.0),
+        )
+        forced: list[str] = []
+        chunk = max(len(candidates), 1)
+        while candidates and self.budget_left:
+            trying = candidates[:chunk]
+            _, validation = self.trial(f"run {len(trying)} more node(s) low", level, (), tuple(forced + trying))
+            if validation.passed:
+                forced += trying
+                candidates = candidates[chunk:]
+            elif chunk > 1:
+                chunk //= 2
+            else:
+                candidates = candidates[1:]
+
+
+# fp32 decisions the search may overturn: list, level and safety choices,
+# never the schema's or the user's.
+_GROWABLE = frozenset({"black-list", "level", "follow", "safety-initializer-range", "safety-data-range", "source"})
+
+
+def _worst_low_nodes(plan: Plan, validation: ValidationResult, exclude: set[str]) -> list[str]:
+    """Low nodes of the main graph ranked by the error they add, worst first."""
+    low = {e.name for e in plan.entries.get("", []) if e.precision is Precision.LOW and not e.rule.startswith("user")}
+    return [n.name for n in validation.ranked() if n.name in low and n.name not in exclude]
+
+
+def auto_convert(
+    reference: onnx.ModelProto,
+    options: ConvertOptions,
+    source: InputSource,
+    config: ValidationConfig,
+    calibration: Calibration | None,
+    max_trials: int = 12,
+    start: str = "O3",
+    check: str = "full",
+    on_trial: Callable[[Trial], None] | None = None,
+) -> AutoResult:
+    """Search for the assignment with the most low-precision compute that
+    passes validation, in at most ``max_trials`` conversions + validations."""
+    began = time.perf_counter()
+    search = AutoSearch(reference, options, source, config, calibration, max_trials, check, on_trial)
+    if start == "O3":
+        search.from_o3()
+    else:
+        search.from_level(start)
+    if search.best is None:
+        fallback = convert(reference, replace(options, level="O0").validated(), check=check)
+        fallback.plan.notes.append(f"auto: no assignment met the tolerance in {len(search.trials)} trials; the model stays fp32")
+        return AutoResult(fallback, None, search.trials, start, time.perf_counter() - began, chosen=0)
+    _, result, validation, number = search.best
+    result.plan.level = "auto"
+    result.plan.notes.append(f"auto: trial {number} of {len(search.trials)} chosen (start {start})")
+    return AutoResult(result, validation, search.trials, start, time.perf_counter() - began, chosen=number)

@@ -1,0 +1,79 @@
+"""Calibration: value ranges of every float tensor in the fp32 model, from
+one streaming pass over reference samples.
+
+Only a min and a max per tensor (and its element count, for compute
+estimates) are kept, never the tensors themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from .graph import build_context
+from .runner import choose_provider, expose, run, session
+from .schema import model_opsets
+from .typeinfo import infer_types
+
+
+@dataclass
+class TensorRange:
+    low: float = float("inf")
+    high: float = float("-inf")
+    size: int = 0  # elements in one sample (the largest seen)
+    shape: tuple[int, ...] = ()
+
+    @property
+    def abs_max(self) -> float:
+        return max(abs(self.low), abs(self.high))
+
+
+@dataclass
+class Calibration:
+    """Per-tensor ranges of the fp32 model (main graph) over the samples."""
+
+    ranges: dict[str, TensorRange] = field(default_factory=dict)
+    samples: int = 0
+    provider: str = "cpu"
+
+    def abs_max(self, name: str) -> float | None:
+        r = self.ranges.get(name)
+        return None if r is None or r.size == 0 else r.abs_max
+
+
+def calibrate(model: onnx.ModelProto, samples: Iterable[dict[str, np.ndarray]], provider: str = "auto") -> Calibration:
+    """Run ``model`` in fp32 on every sample with all float tensors exposed."""
+    ctx = build_context(model.graph)
+    infer_types(ctx, model_opsets(model))
+    names = [
+        name
+        for node in ctx.nodes
+        for name in node.output
+        if name and ctx.types.get(name) in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+    ]
+    names += [n for n in ctx.input_names if ctx.types.get(n) == TensorProto.FLOAT and n not in ctx.initializers]
+    chosen, _ = choose_provider(provider)
+    sess = session(expose(model, ((n, ctx.types[n]) for n in names if n not in ctx.input_set)), chosen)
+    result = Calibration(provider=chosen)
+    ranges = result.ranges
+    for feeds in samples:
+        values = run(sess, feeds)
+        values.update({k: v for k, v in feeds.items() if k in ctx.input_set})
+        for name in names:
+            array = values.get(name)
+            if array is None or array.size == 0:
+                continue
+            finite = array[np.isfinite(array)] if not np.isfinite(array).all() else array
+            r = ranges.setdefault(name, TensorRange())
+            r.size = max(r.size, int(array.size))
+            r.shape = tuple(array.shape)
+            if finite.size:
+                r.low = min(r.low, float(finite.min()))
+                r.high = max(r.high, float(finite.max()))
+        del values
+        result.samples += 1
+    return result

@@ -1,0 +1,163 @@
+"""Safety rules and --level auto on fp16-hostile models and the zoo."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from helpers import init, manifest_source, model, value
+from onnx import helper
+
+from amp_convert import ConvertOptions, Precision, convert
+from amp_convert.auto import auto_convert
+from amp_convert.calibrate import calibrate
+from amp_convert.inputs import make_source
+from amp_convert.validate import ValidationConfig
+from models.hostile import CULPRITS, HOSTILE
+from models.zoo_inputs import load_manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO = {e["name"]: e for e in load_manifest(str(ROOT / "models" / "zoo" / "manifest.json"))}
+CPU = ValidationConfig(provider="cpu")
+# Rules that may legitimately keep a culprit fp32.
+KEEPING_RULES = {"black-list", "safety-data-range", "safety-initializer-range"}
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("amp-convert")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def hostile_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("hostile")
+    for name, build in HOSTILE.items():
+        onnx.save(build(), str(folder / f"{name}.onnx"))
+    return folder
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_model_passes_at_o2_with_safety_and_names_the_rule(name, hostile_dir, tmp_path):
+    path = hostile_dir / f"{name}.onnx"
+    proc = cli(str(path), "--level", "O2", "-o", str(tmp_path / "o2.onnx"), "--plan-json", str(tmp_path / "plan.json"), "-q")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    culprit = next(n for n in plan["nodes"] if n["name"] == CULPRITS[name])
+    assert culprit["precision"] == "fp32" and culprit["rule"] in KEEPING_RULES, culprit
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_model_fails_at_o3(name, hostile_dir, tmp_path):
+    report = tmp_path / "r.json"
+    proc = cli(str(hostile_dir / f"{name}.onnx"), "--level", "O3", "-o", str(tmp_path / "o3.onnx"), "--report", str(report), "-q")
+    assert proc.returncode == 1
+    validation = json.loads(report.read_text())["validation"]
+    assert not validation["passed"]
+    assert CULPRITS[name] in [o["name"] for o in validation["offenders"][:3]]
+
+
+def test_user_force_low_beats_the_safety_rule(hostile_dir, tmp_path):
+    plan_path = tmp_path / "plan.json"
+    path = hostile_dir / "attention_unscaled.onnx"
+    proc = cli(
+        str(path), "--level", "O2", "-o", str(tmp_path / "o.onnx"), "--force-low", "^scores$", "--plan-json", str(plan_path), "-q"
+    )
+    assert proc.returncode == 1  # the user asked for it; validation says what it costs
+    scores = next(n for n in json.loads(plan_path.read_text())["nodes"] if n["name"] == "scores")
+    assert scores["precision"] == "low" and scores["rule"] == "user-force-low"
+
+
+def test_calibrated_rule_needs_reference_data():
+    m = HOSTILE["softmax_large_logits"]()
+    _, plan = convert(m, level="O2")
+    assert plan.by_name("logits").precision is Precision.LOW
+    assert "calibrated range rule inactive: no reference data" in plan.notes
+    calibration = calibrate(m, make_source(m, samples=3), "cpu")
+    assert calibration.samples == 3 and calibration.abs_max("logits") > 65504
+    assert set(calibration.ranges) >= {"h", "hr", "logits", "y"}  # only ranges are kept, per tensor
+    _, plan = convert(m, level="O2", calibration=calibration)
+    assert plan.by_name("logits").rule == "safety-data-range"
+    _, plan = convert(m, level="O2", calibration=calibration, data_max=1e6)
+    assert plan.by_name("logits").precision is Precision.LOW
+
+
+def test_clip_initializers_lowers_and_counts_instead_of_keeping_fp32():
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"), helper.make_node("Mul", ["h", "big"], ["y"], name="scale")]
+    inits = [init("W", np.eye(4, dtype=np.float32)), init("big", np.array([1e6, 2.0], np.float32).reshape(2, 1))]
+    m = model(nodes, [value("x")], [value("y")], inits)
+    result = convert(m, level="O2", clip_initializers=True)
+    assert result.plan.by_name("scale").precision is Precision.LOW
+    assert result.stats.clipped == {"big": 1}
+
+
+@pytest.mark.parametrize("name", ["resnet50", "mobilenetv3", "vit", "convnext", "lstm", "controlflow"])
+def test_safety_rules_keep_nothing_fp32_without_range_problems(name):
+    reference = onnx.load(ZOO[name]["path"])
+    calibration = calibrate(reference, manifest_source(ZOO[name], reference), "cpu")
+    _, plan = convert(reference, level="O2", calibration=calibration)
+    assert [e.name for e in plan if e.rule.startswith("safety")] == []
+
+
+def _auto(name: str, reference: onnx.ModelProto, source, **kw):
+    calibration = calibrate(reference, source, "cpu")
+    return auto_convert(reference, ConvertOptions(), source, CPU, calibration, max_trials=12, **kw)
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_auto_passes_on_hostile_models_keeping_only_what_overflows(name):
+    reference = HOSTILE[name]()
+    searched = _auto(name, reference, make_source(reference, samples=2))
+    assert searched.validation is not None and searched.validation.passed
+    assert len(searched.trials) <= 12
+    kept = [e for e in searched.conversion.plan if e.precision is Precision.FP32]
+    # Every fp32 node is there for a measured reason: a safety rule or the search's own evidence.
+    assert all(e.rule in ("safety-data-range", "safety-initializer-range", "auto-keep-fp32") for e in kept), kept
+    assert CULPRITS[name] in {e.name for e in kept}
+
+
+@pytest.mark.parametrize("name", sorted(n for n in ZOO if n != "detector"))
+def test_auto_passes_on_zoo_models_with_most_compute_low(name):
+    reference = onnx.load(ZOO[name]["path"])
+    searched = _auto(name, reference, manifest_source(ZOO[name], reference))
+    assert searched.validation is not None and searched.validation.passed
+    assert searched.low_compute >= 0.9
+    assert searched.conversion.plan.level == "auto"
+
+
+def test_auto_on_the_detector_falls_back_to_fp32_and_says_so(tmp_path):
+    """After NonMaxSuppression, any rounding upstream may swap boxes: no
+    low-precision assignment meets the default tolerance, and auto says so."""
+    reference = onnx.load(ZOO["detector"]["path"])
+    searched = _auto("detector", reference, manifest_source(ZOO["detector"], reference, samples=1))
+    assert searched.validation is None and searched.chosen == 0 and len(searched.trials) == 12
+    assert all(e.precision is not Precision.LOW for e in searched.conversion.plan)
+    assert any("no assignment met the tolerance" in n for n in searched.conversion.plan.notes)
+
+
+def test_auto_from_o2_grows_and_is_deterministic():
+    reference = onnx.load(ZOO["vit"]["path"])
+    source = manifest_source(ZOO["vit"], reference)
+    first = _auto("vit", reference, source, start="O2")
+    second = _auto("vit", reference, source, start="O2")
+    assert first.trials[0].step.startswith("O2") and first.trials[0].passed
+    assert first.low_compute >= first.trials[0].low_compute
+    assert [t.as_dict() | {"seconds": 0} for t in first.trials] == [t.as_dict() | {"seconds": 0} for t in second.trials]
+    assert first.conversion.model.SerializeToString() == second.conversion.model.SerializeToString()
+
+
+def test_auto_cli_reports_trials(hostile_dir, tmp_path):
+    report = tmp_path / "auto.json"
+    proc = cli(
+        str(hostile_dir / "exp_pow_large.onnx"), "--level", "auto", "-o", str(tmp_path / "a.onnx"), "--report", str(report)
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(report.read_text())
+    assert data["plan"]["level"] == "auto" and data["auto"]["trials"] and data["auto"]["chosen_trial"] >= 1
+    assert data["auto"]["kept_fp32"]["exp"].startswith("safety")
+    assert "trial 1:" in proc.stderr and "of compute low" in proc.stdout
+    assert cli(str(hostile_dir / "exp_pow_large.onnx"), "--level", "auto", "--no-validate").returncode == 2
