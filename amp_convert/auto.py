@@ -22,12 +22,13 @@ from dataclasses import dataclass, field, replace
 import onnx
 
 from .calibrate import Calibration
+from .check import check_converted
 from .graph import build_context
 from .inputs import InputSource
 from .options import ConvertOptions
 from .pipeline import ConversionResult, convert
 from .plan import Plan, Precision
-from .validate import ValidationConfig, ValidationResult, validate
+from .validate import ValidationConfig, ValidationResult, Validator
 
 AUTO_STARTS = ("O3", "O1", "O2")
 
@@ -151,8 +152,8 @@ class AutoSearch:
     ):
         self.reference = reference
         self.options = options
-        self.source = source
-        self.config = replace(config, per_node=True)
+        known = calibration.outputs if calibration is not None and calibration.source_id == id(source) else None
+        self.validator = Validator(reference, source, replace(config, per_node=False), reference_outputs=known)
         self.calibration = calibration
         self.max_trials = max_trials
         self.check = check
@@ -168,8 +169,13 @@ class AutoSearch:
     def trial(self, step: str, level: str, keep: tuple[str, ...] = (), force: tuple[str, ...] = ()):
         t0 = time.perf_counter()
         opts = replace(self.options, level=level, safety=True, keep_fp32_nodes=keep, force_low_nodes=force).validated()
-        result = convert(self.reference, opts, check=self.check, calibration=self.calibration)
-        validation = validate(self.reference, result.model, self.source, self.config, result.plan)
+        # Trials use the basic checker; the chosen model gets the full one at the end.
+        result = convert(
+            self.reference, opts, check="basic" if self.check == "full" else self.check, calibration=self.calibration
+        )
+        validation = self.validator.check(result.model, result.plan)
+        if not validation.passed:  # the search needs to know where the error enters
+            validation = self.validator.check(result.model, result.plan, per_node=True)
         fraction = low_compute_fraction(result.plan, self.weights)
         trial = Trial(
             len(self.trials) + 1,
@@ -289,6 +295,7 @@ def auto_convert(
         fallback.plan.notes.append(f"auto: no assignment met the tolerance in {len(search.trials)} trials; the model stays fp32")
         return AutoResult(fallback, None, search.trials, start, time.perf_counter() - began, chosen=0)
     _, result, validation, number = search.best
+    check_converted(result.model, check)
     result.plan.level = "auto"
     result.plan.notes.append(f"auto: trial {number} of {len(search.trials)} chosen (start {start})")
     return AutoResult(result, validation, search.trials, start, time.perf_counter() - began, chosen=number)

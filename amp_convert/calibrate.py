@@ -39,13 +39,19 @@ class Calibration:
     ranges: dict[str, TensorRange] = field(default_factory=dict)
     samples: int = 0
     provider: str = "cpu"
+    # (feeds, graph outputs) per sample, kept when small so validation of the
+    # same samples need not run the fp32 model again; None when too large.
+    outputs: list[tuple[dict, dict]] | None = None
+    source_id: int = 0  # id() of the sample source, to know whose outputs these are
 
     def abs_max(self, name: str) -> float | None:
         r = self.ranges.get(name)
         return None if r is None or r.size == 0 else r.abs_max
 
 
-def calibrate(model: onnx.ModelProto, samples: Iterable[dict[str, np.ndarray]], provider: str = "auto") -> Calibration:
+def calibrate(
+    model: onnx.ModelProto, samples: Iterable[dict[str, np.ndarray]], provider: str = "auto", keep_bytes: int = 64 << 20
+) -> Calibration:
     """Run ``model`` in fp32 on every sample with all float tensors exposed."""
     ctx = build_context(model.graph)
     infer_types(ctx, model_opsets(model))
@@ -58,10 +64,16 @@ def calibrate(model: onnx.ModelProto, samples: Iterable[dict[str, np.ndarray]], 
     names += [n for n in ctx.input_names if ctx.types.get(n) == TensorProto.FLOAT and n not in ctx.initializers]
     chosen, _ = choose_provider(provider)
     sess = session(expose(model, ((n, ctx.types[n]) for n in names if n not in ctx.input_set)), chosen)
-    result = Calibration(provider=chosen)
+    result = Calibration(provider=chosen, outputs=[], source_id=id(samples))
     ranges = result.ranges
+    output_names = [v.name for v in model.graph.output]
+    kept_bytes = 0
     for feeds in samples:
         values = run(sess, feeds)
+        if result.outputs is not None:
+            outputs = {n: values[n] for n in output_names}
+            kept_bytes += sum(a.nbytes for a in (*outputs.values(), *feeds.values()))
+            result.outputs = [*result.outputs, (feeds, outputs)] if kept_bytes <= keep_bytes else None
         values.update({k: v for k, v in feeds.items() if k in ctx.input_set})
         for name in names:
             array = values.get(name)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 
 import onnx
 from onnx import TensorProto
@@ -122,6 +122,126 @@ def _low_key(elem: int | None) -> str:
     return "bf16" if elem == TensorProto.BFLOAT16 else "fp16"
 
 
+class Validator:
+    """Validates candidates against one reference model and one input source.
+
+    Reused across candidates (the auto search), it keeps the reference's
+    type index and, when the reference outputs of all samples are small
+    (``cache_bytes``), those outputs, so each trial runs only the candidate.
+    """
+
+    def __init__(
+        self,
+        reference: onnx.ModelProto,
+        source: InputSource,
+        config: ValidationConfig,
+        cache_bytes: int = 64 << 20,
+        reference_outputs: list[tuple[dict, dict]] | None = None,
+    ):
+        if config.emulate not in EMULATE_MODES:
+            raise AmpError(f"unknown emulation mode {config.emulate!r}: use auto, always or never")
+        self.reference = reference
+        self.source = source
+        self.config = config
+        self.provider, self.provider_note = choose_provider(config.provider)
+        self.ref_ctx = _typed(reference)
+        self.output_names = [v.name for v in reference.graph.output]
+        self.cache_bytes = cache_bytes
+        self._outputs_cache = reference_outputs  # (feeds, outputs) per sample of this source, if known
+        self._plain_session = None
+
+    def check(
+        self,
+        candidate: onnx.ModelProto,
+        plan: Plan | None = None,
+        per_node: bool | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> ValidationResult:
+        """Compare ``candidate`` with the reference on every sample."""
+        start = time.perf_counter()
+        config = self.config if per_node is None else replace(self.config, per_node=per_node)
+        low_elem = detect_low_dtype(candidate)
+        dtype = _low_key(low_elem)
+        emulated, emulation_note = _decide_emulation(config.emulate, self.provider, low_elem)
+        runnable = emulation_twin(candidate) if emulated else candidate
+        tolerance = config.tolerance or DEFAULT_TOLERANCES[dtype]
+        cand_ctx = _typed(candidate)
+        run_ctx = _typed(runnable) if emulated else cand_ctx
+        cand_outputs = [v.name for v in candidate.graph.output]
+        if self.output_names != cand_outputs:
+            raise AmpError(f"the models' outputs differ: {self.output_names} vs {cand_outputs}")
+
+        tensors: list[str] = []
+        if config.per_node:
+            ref_ctx = self.ref_ctx
+            tensors = [
+                name
+                for node in ref_ctx.nodes
+                for name in node.output
+                if name
+                and ref_ctx.types.get(name) in _EXPOSABLE
+                and name in cand_ctx.producer
+                and cand_ctx.types.get(name) in _EXPOSABLE
+                and name not in self.output_names
+            ]
+        cand_sess = session(expose(runnable, ((n, run_ctx.types[n]) for n in tensors)), self.provider)
+        out_stats = {n: ErrorStats(n) for n in self.output_names}
+        tensor_stats = {n: ErrorStats(n, detailed=False) for n in tensors}
+        samples = 0
+        for feeds, ref_values in self._reference_runs(tensors):
+            cand_values = run(cand_sess, feeds)
+            for name, stats in out_stats.items():
+                stats.update(ref_values[name], cand_values[name])
+            for name, stats in tensor_stats.items():
+                stats.update(ref_values[name], cand_values[name])
+            del cand_values
+            samples += 1
+            if progress:
+                progress(1)
+        if samples == 0:
+            raise AmpError("no validation samples")
+        result = ValidationResult(
+            self.provider,
+            self.provider_note,
+            emulated,
+            emulation_note,
+            dtype,
+            tolerance,
+            samples,
+            list(out_stats.values()),
+            top=config.top,
+        )
+        if config.per_node:
+            result.nodes = _node_errors(self.ref_ctx, cand_ctx, {**tensor_stats, **out_stats}, plan)
+        result.seconds = time.perf_counter() - start
+        return result
+
+    def _reference_runs(self, tensors: list[str]) -> Iterator[tuple[dict, dict]]:
+        """(feeds, reference values) per sample; outputs-only runs are cached when small."""
+        if tensors:
+            sess = session(expose(self.reference, ((n, self.ref_ctx.types[n]) for n in tensors)), self.provider)
+            for feeds in self.source:
+                yield feeds, run(sess, feeds)
+            return
+        if self._outputs_cache is not None:
+            yield from self._outputs_cache
+            return
+        if self._plain_session is None:
+            self._plain_session = session(self.reference, self.provider)
+        kept: list[tuple[dict, dict]] | None = []
+        size = 0
+        for feeds in self.source:
+            values = run(self._plain_session, feeds)
+            if kept is not None:
+                size += sum(v.nbytes for v in values.values()) + sum(v.nbytes for v in feeds.values())
+                if size <= self.cache_bytes:
+                    kept.append((feeds, values))
+                else:
+                    kept = None
+            yield feeds, values
+        self._outputs_cache = kept
+
+
 def validate(
     reference: onnx.ModelProto,
     candidate: onnx.ModelProto,
@@ -131,63 +251,7 @@ def validate(
     progress: Callable[[int], None] | None = None,
 ) -> ValidationResult:
     """Compare ``candidate`` with ``reference`` on every sample of ``source``."""
-    start = time.perf_counter()
-    if config.emulate not in EMULATE_MODES:
-        raise AmpError(f"unknown emulation mode {config.emulate!r}: use auto, always or never")
-    provider, provider_note = choose_provider(config.provider)
-    low_elem = detect_low_dtype(candidate)
-    dtype = _low_key(low_elem)
-    emulated, emulation_note = _decide_emulation(config.emulate, provider, low_elem)
-    runnable = emulation_twin(candidate) if emulated else candidate
-    tolerance = config.tolerance or DEFAULT_TOLERANCES[dtype]
-
-    ref_ctx = _typed(reference)
-    cand_ctx = _typed(candidate)
-    run_ctx = _typed(runnable) if emulated else cand_ctx
-    output_names = [v.name for v in reference.graph.output]
-    cand_outputs = [v.name for v in candidate.graph.output]
-    if output_names != cand_outputs:
-        raise AmpError(f"the models' outputs differ: {output_names} vs {cand_outputs}")
-
-    tensors: list[str] = []
-    if config.per_node:
-        tensors = [
-            name
-            for node in ref_ctx.nodes
-            for name in node.output
-            if name
-            and ref_ctx.types.get(name) in _EXPOSABLE
-            and name in cand_ctx.producer
-            and cand_ctx.types.get(name) in _EXPOSABLE
-            and name not in output_names
-        ]
-    ref_sess = session(expose(reference, ((n, ref_ctx.types[n]) for n in tensors)), provider)
-    cand_sess = session(expose(runnable, ((n, run_ctx.types[n]) for n in tensors)), provider)
-
-    out_stats = {n: ErrorStats(n) for n in output_names}
-    tensor_stats = {n: ErrorStats(n) for n in tensors}
-    samples = 0
-    for feeds in source:
-        ref_values = run(ref_sess, feeds)
-        cand_values = run(cand_sess, feeds)
-        for name, stats in out_stats.items():
-            stats.update(ref_values[name], cand_values[name])
-        for name, stats in tensor_stats.items():
-            stats.update(ref_values[name], cand_values[name])
-        del ref_values, cand_values
-        samples += 1
-        if progress:
-            progress(1)
-    if samples == 0:
-        raise AmpError("no validation samples")
-
-    result = ValidationResult(
-        provider, provider_note, emulated, emulation_note, dtype, tolerance, samples, list(out_stats.values()), top=config.top
-    )
-    if config.per_node:
-        result.nodes = _node_errors(ref_ctx, cand_ctx, {**tensor_stats, **out_stats}, plan)
-    result.seconds = time.perf_counter() - start
-    return result
+    return Validator(reference, source, config, cache_bytes=0).check(candidate, plan, progress=progress)
 
 
 def _decide_emulation(mode: str, provider: str, low_elem: int | None) -> tuple[bool, str]:
