@@ -6,12 +6,13 @@ They run on a fresh index of the rewritten graphs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import onnx
 from onnx import TensorProto
 
-from .graph import GraphContext, build_context, node_subgraphs
+from .graph import GRAPH_OPS, GraphContext, build_context, node_subgraphs
 from .schema import model_opsets
 from .typeinfo import infer_types
 
@@ -52,37 +53,60 @@ class RemoveRedundantCasts:
     second Cast of an exact round trip (fp16 -> fp32 -> fp16); then delete
     the bypassed Casts and first halves of pairs that nothing reads any more.
     A lossy pair (fp32 -> fp16 -> fp32) is the model's meaning and stays.
-    Casts that write a graph output are kept, so output names never change."""
+    Casts that write a graph output are kept, so output names never change.
+
+    ``types`` maps tensor names to element types; the rewriter knows them,
+    so the pass need not index the model again (it does when not given).
+    """
+
+    def __init__(self, types: Mapping[str, int] | None = None):
+        self.types = types
 
     def __call__(self, model: onnx.ModelProto) -> PassResult:
-        root = _index(model, model_opsets(model))
+        types = self.types
+        if types is None:
+            root = _index(model, model_opsets(model))
+            types = {}
+            for ctx in root.walk():
+                types.update(ctx.types)
         renames: dict[str, str] = {}
         candidates: set[str] = set()  # outputs of Casts that may now be unused
-        for ctx in root.walk():
-            outputs = set(ctx.output_names)
-            for node in ctx.nodes:
-                if node.op_type != "Cast" or node.domain not in ("", "ai.onnx") or node.output[0] in outputs:
-                    continue
-                source = node.input[0]
-                to = _cast_to(node)
-                if ctx.type_of(source) == to:
-                    renames[node.output[0]] = source
-                    continue
-                scope = ctx.scope_of(source)
-                producer = scope.producer.get(source) if scope is not None else None
-                if producer is None:
-                    continue
-                first = scope.nodes[producer]
-                if first.op_type == "Cast" and first.domain in ("", "ai.onnx"):
-                    origin = first.input[0]
-                    if scope.type_of(origin) == to and (to, _cast_to(first)) in EXACT_WIDENINGS:
-                        renames[node.output[0]] = origin
-                        candidates.add(source)
+        _find_redundant(model.graph, types, {}, renames, candidates)
         if not renames:
             return PassResult(model, False)
         _apply_renames(model.graph, renames)
         removed = _remove_unused_casts(model.graph, candidates | set(renames), set())
         return PassResult(model, True, removed)
+
+
+def _find_redundant(
+    graph: onnx.GraphProto,
+    types: Mapping[str, int],
+    outer_casts: dict[str, onnx.NodeProto],
+    renames: dict[str, str],
+    candidates: set[str],
+) -> None:
+    casts = dict(outer_casts)  # tensor -> the Cast node writing it
+    outputs = {v.name for v in graph.output}
+    for node in graph.node:
+        op = node.op_type
+        if op == "Cast" and node.domain in ("", "ai.onnx"):
+            source, out, to = node.input[0], node.output[0], _cast_to(node)
+            casts[out] = node
+            if out in outputs:
+                continue
+            if types.get(source) == to:
+                renames[out] = source
+                continue
+            first = casts.get(source)
+            if first is not None:
+                origin = first.input[0]
+                if types.get(origin) == to and (to, _cast_to(first)) in EXACT_WIDENINGS:
+                    renames[out] = origin
+                    candidates.add(source)
+        elif op in GRAPH_OPS or node.domain not in ("", "ai.onnx"):
+            for _, sub in node_subgraphs(node):
+                _find_redundant(sub, types, casts, renames, candidates)
 
 
 def _resolve(name: str, renames: dict[str, str]) -> str:
@@ -138,13 +162,9 @@ def count_casts(model: onnx.ModelProto) -> int:
     return _count_casts(model.graph)
 
 
-CLEANUP_PASSES = (RemoveRedundantCasts(),)
-
-
-def clean_up(model: onnx.ModelProto) -> dict[str, int]:
+def clean_up(model: onnx.ModelProto, types: Mapping[str, int] | None = None) -> dict[str, int]:
     """Run the clean-up passes; returns what each one did."""
     done = {}
-    for p in CLEANUP_PASSES:
-        result = p(model)
-        done[type(p).__name__] = result.count
+    for p in (RemoveRedundantCasts(types),):
+        done[type(p).__name__] = p(model).count
     return done

@@ -380,7 +380,7 @@ def validation_options(f):
 )
 def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     """Convert MODEL to mixed precision, validate it, report, save."""
-    from .pipeline import convert, load_input
+    from .pipeline import convert
     from .save import save_model, write_text
 
     auto = kw["level"] == "auto"
@@ -392,7 +392,10 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
             _check_output_path(model, kw[flag])
     if auto and not kw["validate"]:
         raise AmpError("--level auto measures accuracy: it cannot run with --no-validate")
-    reference = load_input(model)
+    from .load import load_model
+
+    reference = load_model(model)
+    node_count = len(reference.graph.node)
     source = _input_source(reference, kw) if kw["validate"] else None
     calibration = _calibration(reference, source, options, kw, auto)
     searched = None
@@ -400,7 +403,8 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         searched = _auto(reference, options, source, calibration, kw)
         result, validation = searched.conversion, searched.validation
     else:
-        result = convert(reference, options, check=kw["check"], calibration=calibration)
+        # Without validation the fp32 model is not needed afterwards: convert it in place.
+        result = convert(reference, options, check=kw["check"], calibration=calibration, in_place=source is None)
         validation = _validate(reference, result.model, source, kw, result.plan) if source is not None else None
     if kw["explain"] and not kw["json_out"]:
         click.echo(result.plan.format_table())
@@ -421,7 +425,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     report = build_report(
         command="convert",
         model_path=model,
-        model_nodes=len(reference.graph.node),
+        model_nodes=node_count,
         output_path=output,
         written=write,
         options={**options.as_dict(), "level": kw["level"] or options.effective_level},

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .graph import GraphContext, NameGenerator, all_names, build_context
+from .graph import GraphContext, NameGenerator, build_context, tensor_names
 from .schema import model_opsets
 from .typeinfo import infer_types
 
@@ -38,7 +38,7 @@ def emulation_twin(model: onnx.ModelProto) -> onnx.ModelProto:
     twin.CopyFrom(model)
     ctx = build_context(twin.graph)
     infer_types(ctx, model_opsets(twin))
-    names = NameGenerator(all_names(twin))
+    names = NameGenerator(tensor_names(ctx))
     _rewrite_inner_first(ctx, names)
     return twin
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import onnx
 
 SUBGRAPH_ATTRIBUTE_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+GRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 
 @dataclass(eq=False)
@@ -23,6 +24,11 @@ class GraphContext:
     path: str  # "" for the main graph, "node/attr" for subgraphs
     parent: GraphContext | None
     nodes: list[onnx.NodeProto] = field(default_factory=list)
+    # Plain-list copies of each node's inputs, outputs and op type: reading
+    # protobuf fields costs a wrapper per access, and every stage reads them.
+    ins: list[list[str]] = field(default_factory=list)
+    outs: list[list[str]] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)
     producer: dict[str, int] = field(default_factory=dict)  # tensor -> node index
     consumers: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # tensor -> (node, slot)
     captured_by: dict[str, list[int]] = field(default_factory=dict)  # tensor -> nodes whose subgraphs read it
@@ -59,8 +65,7 @@ class GraphContext:
         return 0
 
     def node_label(self, index: int) -> str:
-        node = self.nodes[index]
-        return node.name or f"{node.op_type}_{index}"
+        return self.nodes[index].name or f"{self.ops[index]}_{index}"
 
     def walk(self) -> Iterator[GraphContext]:
         """This graph and all nested subgraphs, outer before inner."""
@@ -90,14 +95,27 @@ def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext |
     for t in graph.sparse_initializer:
         ctx.initializers.setdefault(t.values.name, t.values)
     producer, consumers = ctx.producer, ctx.consumers
+    containers = []
+    ins, outs, ops = ctx.ins, ctx.outs, ctx.ops
     for i, node in enumerate(ctx.nodes):
-        for slot, name in enumerate(node.input):
+        node_ins, node_outs, op = node.input[:], node.output[:], node.op_type
+        ins.append(node_ins)
+        outs.append(node_outs)
+        ops.append(op)
+        for slot, name in enumerate(node_ins):
             if name:
-                consumers.setdefault(name, []).append((i, slot))
-        for name in node.output:
-            if name:
-                producer[name] = i
-    for i, node in enumerate(ctx.nodes):
+                if name in consumers:
+                    consumers[name].append((i, slot))
+                else:
+                    consumers[name] = [(i, slot)]
+        for name in node_outs:
+            producer[name] = i
+        # Only these default-domain ops carry graphs; other domains may (e.g. BeamSearch).
+        if op in GRAPH_OPS or (node.domain not in ("", "ai.onnx") and len(node.attribute)):
+            containers.append(i)
+    producer.pop("", None)
+    for i in containers:
+        node = ctx.nodes[i]
         if not any(a.type in SUBGRAPH_ATTRIBUTE_TYPES for a in node.attribute):
             continue
         label = node.name or f"{node.op_type}_{i}"
@@ -114,23 +132,15 @@ def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext |
     return ctx
 
 
-def all_names(model: onnx.ModelProto) -> set[str]:
-    """Every tensor and node name used anywhere in the model (for unique names)."""
+def tensor_names(root: GraphContext) -> set[str]:
+    """Every tensor name of the indexed model, subgraphs included (to keep new names unique)."""
     names: set[str] = set()
-
-    def visit(g: onnx.GraphProto) -> None:
-        names.update(v.name for v in g.input)
-        names.update(v.name for v in g.output)
-        names.update(t.name for t in g.initializer)
-        for node in g.node:
-            names.update(node.input)
-            names.update(node.output)
-            if node.name:
-                names.add(node.name)
-            for _, sub in node_subgraphs(node):
-                visit(sub)
-
-    visit(model.graph)
+    for ctx in root.walk():
+        names.update(ctx.producer)
+        names.update(ctx.consumers)
+        names.update(ctx.input_names)
+        names.update(ctx.output_names)
+        names.update(ctx.initializers)
     return names
 
 

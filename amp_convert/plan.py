@@ -206,10 +206,15 @@ class Planner:
         self.plan = Plan(self.level, options.dtype, lists.profile, notes=list(lists.notes))
         self.states: dict[str, str] = {}  # data precision of float tensors, across scopes (names are unique)
         self.demand = Demand(self.plan, self.low, options.io_types)
+        self._slot_cache: dict = {}
+        self._float_slots: list = []
 
     # ---------------------------------------------------------------- driver
 
     def run(self, ctx: GraphContext) -> Plan:
+        if self.constants_rule:
+            for c in ctx.walk():
+                self.ranges.prime(c.initializers)
         self._plan_graph(ctx)
         return self.plan
 
@@ -218,12 +223,15 @@ class Planner:
         self.plan.entries[ctx.path] = entries
         is_main = ctx.parent is None
         source_state = LOW if (is_main and self.options.io_types == "low") else NEUTRAL
+        types, states = ctx.types, self.states
         for name in ctx.input_names:
-            if self._is_float_data(ctx.types.get(name, 0)):
-                self.states[name] = source_state
-        for name, t in ctx.types.items():
-            if name in ctx.initializers and self._is_float_data(t):
-                self.states[name] = NEUTRAL
+            if self._is_float_data(types.get(name, 0)):
+                states[name] = source_state
+        for name in ctx.initializers:
+            if self._is_float_data(types.get(name, 0)):
+                states[name] = NEUTRAL
+        # Float32 input and output slots of every node, found once and shared by all rules.
+        self._float_slots = floats = [_float_slots(ctx, i) for i in range(len(ctx.nodes))]
         pending: list[int] = []  # neutral follow nodes and sources, resolved backwards
         for i in range(len(ctx.nodes)):
             entry, state = self._classify(ctx, i)
@@ -236,6 +244,7 @@ class Planner:
         for subs in ctx.subgraphs.values():
             for sub in subs:
                 self._plan_graph(sub)
+        self._float_slots = floats
         for i in reversed(pending):
             self._resolve_from_consumers(ctx, i, entries[i])
 
@@ -243,62 +252,63 @@ class Planner:
 
     def _classify(self, ctx: GraphContext, i: int) -> tuple[PlanEntry, str]:
         node = ctx.nodes[i]
-        op, domain = node.op_type, node.domain
-        key = op_key(op, domain)
-        label = ctx.node_label(i)
+        op, domain = ctx.ops[i], node.domain
+        default_domain = domain in ("", "ai.onnx")
+        key = op if default_domain else op_key(op, domain)
+        label = node.name or f"{op}_{i}"
+        entry = PlanEntry(ctx.path, i, label, op, domain, Precision.FP32, "", "")
 
-        def entry(precision: Precision, rule: str, reason: str) -> PlanEntry:
-            return PlanEntry(ctx.path, i, label, op, domain, precision, rule, reason)
+        def decided(precision: Precision, rule: str, reason: str, state: str = "fixed") -> tuple[PlanEntry, str]:
+            entry.precision, entry.rule, entry.reason = precision, rule, reason
+            return entry, state
 
-        default_domain = is_default_domain(domain)
         if default_domain and op in CONTROL_FLOW_OPS:
-            return entry(Precision.FP32, "control-flow", "keeps its interface types; its bodies are converted"), "fixed"
-        float_slots = [name for name in (*node.input, *node.output) if name and ctx.type_of(name) == FLOAT]
-        if not float_slots:
-            return entry(Precision.UNCHANGED, "no-float32", "no float32 tensors (integer, bool or already low)"), "fixed"
+            return decided(Precision.FP32, "control-flow", "keeps its interface types; its bodies are converted")
+        float_ins, float_outs, unknown = self._float_slots[i]
+        if not float_ins and not float_outs:
+            return decided(Precision.UNCHANGED, "no-float32", "no float32 tensors (integer, bool or already low)")
         if self.level == "O0":
-            return entry(Precision.FP32, "level", "O0 changes nothing"), "fixed"
+            return decided(Precision.FP32, "level", "O0 changes nothing")
         if default_domain and op in QUANTIZED_OPS:
-            return entry(Precision.FP32, "quantized", "quantized computation is never touched"), "fixed"
+            return decided(Precision.FP32, "quantized", "quantized computation is never touched")
         if default_domain and op == "Cast" and _cast_to(node) != FLOAT:
-            return entry(Precision.UNCHANGED, "cast", "Cast to a non-float32 type reads any float version"), "fixed"
-        if any(ctx.type_of(name) == 0 for name in (*node.input, *node.output) if name):
-            return entry(Precision.FP32, "unknown-type", "a tensor's type is unknown; left as it is"), "fixed"
+            return decided(Precision.UNCHANGED, "cast", "Cast to a non-float32 type reads any float version")
+        if unknown:
+            return decided(Precision.FP32, "unknown-type", "a tensor's type is unknown; left as it is")
         sig = signature(op, domain, self.opsets.get("" if default_domain else domain, 0))
         if sig is None and default_domain:
-            return entry(Precision.FP32, "schema", f"no schema for {op} at this opset"), "fixed"
+            return decided(Precision.FP32, "schema", f"no schema for {op} at this opset")
         if not default_domain and key not in self.lists.white and not self._forced(label):
-            return entry(Precision.FP32, "custom-domain", f"custom-domain op {key}: fp32 unless on the white list"), "fixed"
+            return decided(Precision.FP32, "custom-domain", f"custom-domain op {key}: fp32 unless on the white list")
         for pattern in self.keep_patterns:
             if pattern.search(label):
-                return entry(Precision.FP32, "user-keep-fp32", f"--keep-fp32 {pattern.pattern!r}"), "fixed"
+                return decided(Precision.FP32, "user-keep-fp32", f"--keep-fp32 {pattern.pattern!r}")
         if label in self.keep_names:
-            return entry(Precision.FP32, "auto-keep-fp32", "auto search: kept fp32 (it added error)"), "fixed"
+            return decided(Precision.FP32, "auto-keep-fp32", "auto search: kept fp32 (it added error)")
         for pattern in self.force_patterns:
             if pattern.search(label):
-                forced = entry(Precision.LOW, "user-force-low", f"--force-low {pattern.pattern!r}")
-                return self._try_low(ctx, i, forced, sig, safety=False), "fixed"
+                decided(Precision.LOW, "user-force-low", f"--force-low {pattern.pattern!r}")
+                return self._try_low(ctx, i, entry, sig, safety=False), "fixed"
         if label in self.force_names:
-            forced = entry(Precision.LOW, "auto-force-low", "auto search: runs low within tolerance")
-            return self._try_low(ctx, i, forced, sig, safety=False), "fixed"
+            decided(Precision.LOW, "auto-force-low", "auto search: runs low within tolerance")
+            return self._try_low(ctx, i, entry, sig, safety=False), "fixed"
         if default_domain and op in SOURCE_OPS:
-            return entry(Precision.FP32, "source", "creates float data: takes the precision its consumers need"), _SOURCE
-        return self._by_level(ctx, i, key, sig, entry)
-
-    def _by_level(self, ctx: GraphContext, i: int, key: str, sig: Signature | None, entry) -> tuple[PlanEntry, str]:
-        kind = self.lists.kind(key)
-        if kind == "black":
-            return entry(Precision.FP32, "black-list", f"black list: {self.lists.black[key]}"), "fixed"
+            return decided(Precision.FP32, "source", "creates float data: takes the precision its consumers need", _SOURCE)
+        lists = self.lists
+        if key in lists.black:
+            return decided(Precision.FP32, "black-list", f"black list: {lists.black[key]}")
         if self.level == "O3":
-            return self._try_low(ctx, i, entry(Precision.LOW, "level", "O3 runs everything low"), sig), "fixed"
-        if kind == "white":
-            return self._try_low(ctx, i, entry(Precision.LOW, "white-list", f"white list: {self.lists.white[key]}"), sig), "fixed"
-        if kind == "follow" or self.lists.unlisted_follow:
-            why = self.lists.follow.get(key, "unlisted: follows its inputs")
-            return entry(Precision.FP32, "follow", f"follow: {why}"), _FOLLOW
-        if self.level == "O1":
-            return entry(Precision.FP32, "level", "O1: not on the white list"), "fixed"
-        return self._try_low(ctx, i, entry(Precision.LOW, "level", "O2: not on the black list"), sig), "fixed"
+            decided(Precision.LOW, "level", "O3 runs everything low")
+        elif key in lists.white:
+            decided(Precision.LOW, "white-list", f"white list: {lists.white[key]}")
+        elif key in lists.follow or lists.unlisted_follow:
+            why = lists.follow.get(key, "unlisted: follows its inputs")
+            return decided(Precision.FP32, "follow", f"follow: {why}", _FOLLOW)
+        elif self.level == "O1":
+            return decided(Precision.FP32, "level", "O1: not on the white list")
+        else:
+            decided(Precision.LOW, "level", "O2: not on the black list")
+        return self._try_low(ctx, i, entry, sig), "fixed"
 
     def _forced(self, label: str) -> bool:
         return any(p.search(label) for p in self.force_patterns)
@@ -307,18 +317,23 @@ class Planner:
 
     def _try_low(self, ctx: GraphContext, i: int, entry: PlanEntry, sig: Signature | None, safety: bool = True) -> PlanEntry:
         """Make ``entry`` LOW if the schema and the safety rules allow it."""
-        node = ctx.nodes[i]
-        opset = self.opsets.get("" if is_default_domain(node.domain) else node.domain, 0)
-        slots = lowered_slots(ctx, node, sig, self.low, opset)
+        float_ins, float_outs, _ = self._float_slots[i]
+        key = (id(sig), float_ins, float_outs)  # signatures are cached singletons
+        slots = self._slot_cache.get(key)
+        if slots is None:
+            node = ctx.nodes[i]
+            opset = self.opsets.get("" if is_default_domain(node.domain) else node.domain, 0)
+            slots = self._slot_cache[key] = lowered_slots(node.op_type, node.domain, float_ins, float_outs, sig, self.low, opset)
         if isinstance(slots, str):
             entry.precision, entry.rule = Precision.FP32, "schema"
             entry.reason = f"{slots} (wanted low: {entry.reason})"
             return entry
         low_inputs, low_outputs = slots
         if safety and self.safety:
+            node = ctx.nodes[i]
             for rule, problem in (
-                ("safety-initializer-range", self.constants_rule and self.ranges.problem(ctx, node, low_inputs, self.low)),
-                ("safety-data-range", data_range_problem(ctx, node, self.calibration, self.data_max, self.low)),
+                ("safety-initializer-range", self.constants_rule and self.ranges.problem(ctx, i, low_inputs, self.low)),
+                ("safety-data-range", self.calibration and data_range_problem(ctx, node, self.calibration, self.data_max)),
             ):
                 if problem:
                     entry.precision, entry.rule = Precision.FP32, rule
@@ -333,12 +348,13 @@ class Planner:
     def _resolve_follow(self, ctx: GraphContext, i: int, entry: PlanEntry) -> bool:
         """Decide a follow node from its inputs; False if it is fed only by
         neutral data (constants, graph inputs) and must wait for its consumers."""
-        node = ctx.nodes[i]
+        states = self.states
+        agnostic = DTYPE_AGNOSTIC_INPUTS.get(ctx.ops[i], ())
         seen = set()
-        for slot, name in enumerate(node.input):
-            if name and slot not in DTYPE_AGNOSTIC_INPUTS.get(node.op_type, ()):
-                state = self.states.get(name)
-                if state in (LOW, F32):
+        for slot, name in enumerate(ctx.ins[i]):
+            if name and slot not in agnostic:
+                state = states.get(name)
+                if state is LOW or state is F32:
                     seen.add(state)
         if not seen:
             entry.reason = f"{entry.reason}; fed only by constants or graph inputs"
@@ -347,7 +363,7 @@ class Planner:
             entry.reason = f"{entry.reason}; its inputs are fp32"
         elif seen == {LOW} or self.level != "O1":
             mixed = "mixed fp32/low inputs" if len(seen) > 1 else "its inputs are low"
-            self._try_low(ctx, i, entry, self._sig(node))
+            self._try_low(ctx, i, entry, self._sig(ctx.nodes[i]))
             if entry.precision is Precision.LOW:
                 entry.reason = f"{entry.reason}; {mixed}"
         else:
@@ -355,26 +371,27 @@ class Planner:
         return True
 
     def _record_output_states(self, ctx: GraphContext, i: int, entry: PlanEntry, neutral: bool) -> None:
-        node = ctx.nodes[i]
-        for k, name in enumerate(node.output):
+        types, states = ctx.types, self.states
+        low_outputs = entry.low_outputs if entry.precision is Precision.LOW else ()
+        low_type = self.low.onnx_type
+        for k, name in enumerate(ctx.outs[i]):
             if not name:
                 continue
-            t = ctx.types.get(name, 0)
-            if not self._is_float_data(t):
+            t = types.get(name, 0)
+            if t != FLOAT and t != low_type:
                 continue
             if neutral:
-                self.states[name] = NEUTRAL
-            elif t != FLOAT or (entry.precision is Precision.LOW and k in entry.low_outputs):
-                self.states[name] = LOW
+                states[name] = NEUTRAL
+            elif t != FLOAT or k in low_outputs:
+                states[name] = LOW
             else:
-                self.states[name] = F32
+                states[name] = F32
 
     def _resolve_from_consumers(self, ctx: GraphContext, i: int, entry: PlanEntry) -> None:
         """Backward pass: neutral nodes and sources run low when their
         consumers do (all of them at O1, any of them at O2/O3)."""
-        node = ctx.nodes[i]
         wants: set[int] = set()
-        for name in node.output:
+        for name in ctx.outs[i]:
             if name and ctx.types.get(name) == FLOAT:
                 wants |= self.demand.requirements(ctx, name)
         low = self.low.onnx_type
@@ -387,11 +404,11 @@ class Planner:
             return
         why = "all consumers run low" if wants == {low} else "some consumers run low"
         # A source's own value is checked by its consumers' safety rule.
-        self._try_low(ctx, i, entry, self._sig(node), safety=entry.rule != "source")
+        self._try_low(ctx, i, entry, self._sig(ctx.nodes[i]), safety=entry.rule != "source")
         if entry.precision is Precision.LOW:
             entry.reason = f"{entry.reason}; {why}"
             for k in entry.low_outputs:
-                self.states[node.output[k]] = LOW
+                self.states[ctx.outs[i][k]] = LOW
 
     # ------------------------------------------------------------- helpers
 
@@ -403,6 +420,29 @@ class Planner:
         return t == FLOAT or t == self.low.onnx_type
 
 
+def _float_slots(ctx: GraphContext, i: int) -> tuple[tuple[int, ...], tuple[int, ...], bool]:
+    """(float32 input slots, float32 output slots, some tensor's type unknown)."""
+    types = ctx.types
+    unknown = False
+    ins = []
+    for slot, name in enumerate(ctx.ins[i]):
+        if name:
+            t = types.get(name) or ctx.type_of(name)
+            if t == FLOAT:
+                ins.append(slot)
+            elif t == 0:
+                unknown = True
+    outs = []
+    for slot, name in enumerate(ctx.outs[i]):
+        if name:
+            t = types.get(name, 0)
+            if t == FLOAT:
+                outs.append(slot)
+            elif t == 0:
+                unknown = True
+    return tuple(ins), tuple(outs), unknown
+
+
 def _cast_to(node: onnx.NodeProto) -> int:
     for a in node.attribute:
         if a.name == "to":
@@ -411,7 +451,13 @@ def _cast_to(node: onnx.NodeProto) -> int:
 
 
 def lowered_slots(
-    ctx: GraphContext, node: onnx.NodeProto, sig: Signature | None, low: LowDtype, opset: int = 0
+    op_type: str,
+    domain: str,
+    float_ins: tuple[int, ...],
+    float_outs: tuple[int, ...],
+    sig: Signature | None,
+    low: LowDtype,
+    opset: int = 0,
 ) -> tuple[tuple[int, ...], tuple[int, ...]] | str:
     """Input and output slots that switch to ``low`` when the node runs low,
     or a reason why it cannot.
@@ -422,26 +468,18 @@ def lowered_slots(
     an output. Ops without a schema (custom domains the user listed) switch
     all float32 tensors.
     """
-    ins = [(slot, n) for slot, n in enumerate(node.input) if n and ctx.type_of(n) == FLOAT]
-    outs = [(slot, n) for slot, n in enumerate(node.output) if n and ctx.type_of(n) == FLOAT]
     if sig is None:
-        return tuple(s for s, _ in ins), tuple(s for s, _ in outs)
-    blocked: set[str] = set()
-    for slot, _ in ins:
-        type_str = sig.input_type(slot) or ""
-        if not sig.admits(type_str, low.onnx_type):
-            blocked.add(type_str)
-    for slot, name in outs:
+        return float_ins, float_outs
+    for slot in float_outs:
         type_str = sig.output_type(slot) or ""
         if not sig.admits(type_str, low.onnx_type):
-            reason = f"schema of {node.op_type} (opset {sig.since_version}) does not admit {low.name} for output {name!r}"
-            newer = first_opset_admitting(node.op_type, node.domain, opset, low.onnx_type)
+            reason = f"schema of {op_type} (opset {sig.since_version}) does not admit {low.name} for output {slot}"
+            newer = first_opset_admitting(op_type, domain, opset, low.onnx_type)
             return reason + (f"; it does from opset {newer} (--target-opset {newer})" if newer else "")
-    low_inputs = tuple(s for s, _ in ins if (sig.input_type(s) or "") not in blocked)
-    low_outputs = tuple(s for s, _ in outs)
-    if not low_inputs and not low_outputs:
-        return f"schema of {node.op_type} (opset {sig.since_version}) admits no {low.name} input or output"
-    return low_inputs, low_outputs
+    low_inputs = tuple(s for s in float_ins if sig.admits(sig.input_type(s) or "", low.onnx_type))
+    if not low_inputs and not float_outs:
+        return f"schema of {op_type} (opset {sig.since_version}) admits no {low.name} input or output"
+    return low_inputs, float_outs
 
 
 def make_plan(

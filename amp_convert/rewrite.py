@@ -24,7 +24,7 @@ from onnx import helper, numpy_helper
 
 from .dtypes import FLOAT, LowDtype
 from .graph import GraphContext, NameGenerator
-from .lists import DTYPE_ATTRIBUTE_OPS
+from .lists import DTYPE_AGNOSTIC_INPUTS, DTYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
 from .plan import Demand, Plan, Precision
 from .schema import is_default_domain
 
@@ -61,25 +61,39 @@ def to_low_array(array: np.ndarray, low: LowDtype, name: str, stats: RewriteStat
     """Convert float32 values to ``low``, clipping out-of-range values and
     counting both clipped and flushed values."""
     a = np.asarray(array, dtype=np.float32)
-    finite = np.isfinite(a)
-    over = finite & (np.abs(a) > low.max)
-    n_over = int(np.count_nonzero(over))
-    if n_over:
-        a = np.where(over, np.sign(a) * np.float32(low.max), a)
-        stats.clipped[name] = stats.clipped.get(name, 0) + n_over
+    if a.size == 0:
+        return a.astype(low.numpy)
+    magnitude = np.abs(a)
+    if magnitude.max() > low.max:  # (NaN compares false: kept as NaN)
+        over = np.isfinite(a) & (magnitude > low.max)
+        n_over = int(np.count_nonzero(over))
+        if n_over:
+            a = np.where(over, np.sign(a) * np.float32(low.max), a)
+            stats.clipped[name] = stats.clipped.get(name, 0) + n_over
     out = a.astype(low.numpy)
-    n_flushed = int(np.count_nonzero((a != 0) & (out.astype(np.float32) == 0)))
-    if n_flushed:
-        stats.flushed[name] = stats.flushed.get(name, 0) + n_flushed
+    if magnitude.min() < low.tiny:  # only then can a value flush to zero
+        n_flushed = int(np.count_nonzero((a != 0) & (out.astype(np.float32) == 0)))
+        if n_flushed:
+            stats.flushed[name] = stats.flushed.get(name, 0) + n_flushed
     return out
 
 
 def lower_tensor(tensor: onnx.TensorProto, low: LowDtype, stats: RewriteStats, label: str = "") -> None:
     """Rewrite a float32 TensorProto in place as ``low`` (same name)."""
+    if tensor.raw_data and tensor.data_location != onnx.TensorProto.EXTERNAL:
+        # Fast path: raw little-endian float32 in, raw low-precision bytes out.
+        array = np.frombuffer(tensor.raw_data, dtype="<f4")
+        tensor.raw_data = to_low_array(array, low, label or tensor.name, stats).tobytes()
+        tensor.data_type = low.onnx_type
+        return
     converted = to_low_array(numpy_helper.to_array(tensor), low, label or tensor.name, stats)
     new = numpy_helper.from_array(converted, tensor.name)
     new.doc_string = tensor.doc_string
     tensor.CopyFrom(new)
+
+
+# Ops whose attributes fix their output type: rewritten when they run low.
+REWRITTEN_OPS = frozenset(DTYPE_ATTRIBUTE_OPS) | VALUE_ATTRIBUTE_OPS
 
 
 class Rewriter:
@@ -92,6 +106,7 @@ class Rewriter:
         self.demand = Demand(plan, low, io_types)
         self.names = names
         self.stats = RewriteStats()
+        self.retyped: dict[str, int] = {}  # every tensor whose type changed or that is new -> its type
         # name -> {element type: name of the tensor holding that version}, per scope
         self._versions: dict[str, dict[str, dict[int, str]]] = {}
 
@@ -127,25 +142,44 @@ class Rewriter:
                 self.stats.initializers_shared += 1
 
         entries = self.plan.entries[ctx.path]
-        for i, node in enumerate(ctx.nodes):
+        types, subgraphs, ops = ctx.types, ctx.subgraphs, ctx.ops
+        output_producers = {ctx.producer[n] for n in ctx.output_names if n in ctx.producer}
+        for i, inputs in enumerate(ctx.ins):
             entry = entries[i]
-            for slot, name in enumerate(node.input):
-                if not name or ctx.type_of(name) not in (FLOAT, low):
+            low_inputs = entry.low_inputs if entry.precision is Precision.LOW else ()
+            agnostic = DTYPE_AGNOSTIC_INPUTS.get(ops[i], ())
+            for slot, name in enumerate(inputs):
+                if not name or slot in agnostic:
                     continue
-                need = self.demand.required_type(ctx, i, slot)
-                if need:
-                    node.input[slot] = self._version(ctx, name, need, top, after)
-            for sub in ctx.subgraphs.get(i, ()):
-                self._rewrite_graph(sub)
+                t = types.get(name) or ctx.type_of(name)
+                if t != FLOAT and t != low:
+                    continue
+                need = low if slot in low_inputs else t
+                vs = versions.get(name)
+                if vs is not None and need in vs:
+                    current = vs[need]
+                elif vs is None and need == t and (not ctx.parent or ctx.defines(name)):
+                    continue  # unchanged tensor read in its own type
+                else:
+                    current = self._version(ctx, name, need, top, after)
+                if current != name:
+                    ctx.nodes[i].input[slot] = current
+            if subgraphs:
+                for sub in subgraphs.get(i, ()):
+                    self._rewrite_graph(sub)
             if entry.precision is Precision.LOW:
-                self._lower_node(node)
+                if ops[i] in REWRITTEN_OPS:
+                    self._lower_node(ctx.nodes[i])
+                outs = ctx.outs[i]
                 for k in entry.low_outputs:
-                    versions[node.output[k]] = {low: node.output[k]}
-                    changed[node.output[k]] = low
-            self._fix_graph_outputs(ctx, i, node, changed, after)
+                    versions[outs[k]] = {low: outs[k]}
+                    changed[outs[k]] = low
+            if i in output_producers:
+                self._fix_graph_outputs(ctx, i, ctx.nodes[i], changed, after)
         if ctx.parent is not None:
             self._fix_passthrough_outputs(ctx, top, after)
 
+        self.retyped.update(changed)
         if ctx.parent is None and self.io_low:
             for value in ctx.graph.output:
                 if value.type.tensor_type.elem_type == FLOAT:
@@ -174,6 +208,7 @@ class Rewriter:
                 continue
             renamed = self.names(f"{name}_{_short(current)}")
             node.output[k] = renamed
+            changed[renamed], changed[name] = current, wanted
             after.setdefault(i, []).append(self._cast_node(renamed, name, wanted))
             self._versions[ctx.path][name] = {current: renamed, wanted: name}
             self.stats.outputs_renamed.append(name)
@@ -226,7 +261,8 @@ class Rewriter:
         return target
 
     def _cast_node(self, source: str, target: str, to: int) -> onnx.NodeProto:
-        return helper.make_node("Cast", [source], [target], name=self.names(f"{target}_cast"), to=to)
+        self.retyped[target] = to
+        return cast_node(source, target, to, self.names(f"{target}_cast"))
 
     # -------------------------------------------------------------- node body
 
@@ -263,6 +299,20 @@ class Rewriter:
                 continue
             self.stats.constants_lowered += 1
             return
+
+
+def cast_node(source: str, target: str, to: int, name: str) -> onnx.NodeProto:
+    """A Cast node, built directly (helper.make_node costs several times more)."""
+    node = onnx.NodeProto()
+    node.op_type = "Cast"
+    node.name = name
+    node.input.append(source)
+    node.output.append(target)
+    attr = node.attribute.add()
+    attr.name = "to"
+    attr.type = onnx.AttributeProto.INT
+    attr.i = to
+    return node
 
 
 def _set_int_attr(node: onnx.NodeProto, name: str, value: int) -> None:

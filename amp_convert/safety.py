@@ -48,12 +48,15 @@ class ValueStats:
 
 def value_stats(array: np.ndarray) -> ValueStats:
     a = np.abs(array.astype(np.float32, copy=False).ravel())
-    finite = np.isfinite(a)
-    nonfinite = int(a.size - np.count_nonzero(finite))
-    if nonfinite:
+    nonfinite = 0
+    if a.size and not np.isfinite(a.max()):
+        finite = np.isfinite(a)
+        nonfinite = int(a.size - np.count_nonzero(finite))
         a = a[finite]
     if a.size == 0:
         return ValueStats(int(array.size), 0.0, 0, 0, 0, nonfinite)
+    if a.min() > 2.0**-25:  # common case: nothing near zero, nothing to flush
+        return ValueStats(int(array.size), float(a.max()), int(a.size), 0, 0, nonfinite)
     nonzero = a > 0
     # Half the smallest subnormal rounds to zero.
     fp16_zero = np.float32(2.0**-25)
@@ -69,6 +72,9 @@ def value_stats(array: np.ndarray) -> ValueStats:
 
 
 def constant_array(tensor: onnx.TensorProto) -> np.ndarray:
+    """Values of a float tensor; raw float32 data is read without a copy."""
+    if tensor.data_type == onnx.TensorProto.FLOAT and tensor.raw_data and tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return np.frombuffer(tensor.raw_data, dtype="<f4")
     return numpy_helper.to_array(tensor)
 
 
@@ -88,32 +94,68 @@ class ConstantRanges:
             self._stats[name] = value_stats(constant_array(tensor))
         return self._stats[name]
 
+    def prime(self, initializers: dict[str, onnx.TensorProto], small: int = 4096) -> None:
+        """Statistics of all small raw float32 initializers in a few vectorised
+        passes (graphs with tens of thousands of small weights would otherwise
+        pay numpy's per-call overhead for each). Tensors with values near zero
+        or non-finite values are left to :meth:`stats`."""
+        names, arrays = [], []
+        for name, t in initializers.items():
+            if (
+                t.data_type == onnx.TensorProto.FLOAT
+                and t.raw_data
+                and t.data_location != onnx.TensorProto.EXTERNAL
+                and 0 < len(t.raw_data) <= small * 4
+                and name not in self._stats
+            ):
+                names.append(name)
+                arrays.append(np.frombuffer(t.raw_data, dtype="<f4"))
+        if not arrays:
+            return
+        sizes = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+        starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        flat = np.abs(np.concatenate(arrays))
+        highs = np.maximum.reduceat(flat, starts)
+        lows = np.minimum.reduceat(flat, starts)
+        clean = (lows > 2.0**-25) & np.isfinite(highs)
+        for name, size, high, ok in zip(names, sizes.tolist(), highs.tolist(), clean.tolist(), strict=True):
+            if ok:
+                self._stats[name] = ValueStats(size, high, size, 0, 0, 0)
+
     def constant_behind(self, ctx: GraphContext, name: str) -> tuple[str, onnx.TensorProto] | None:
         """The constant whose values reach tensor ``name`` unchanged, if any."""
         for _ in range(_MAX_DEPTH):
-            scope = ctx.scope_of(name)
-            if scope is None:
-                return None
-            if name in scope.initializers:
-                return name, scope.initializers[name]
-            producer = scope.producer.get(name)
+            tensor = ctx.initializers.get(name)
+            if tensor is not None:
+                return name, tensor
+            producer = ctx.producer.get(name)
             if producer is None:
-                return None
-            node = scope.nodes[producer]
-            if node.op_type == "Constant":
-                for a in node.attribute:
+                if ctx.parent is None or name in ctx.input_set:
+                    return None
+                scope = ctx.scope_of(name)
+                if scope is None:
+                    return None
+                ctx = scope
+                continue
+            op = ctx.ops[producer]
+            if op == "Constant":
+                for a in ctx.nodes[producer].attribute:
                     if a.name == "value":
                         return name, a.t
                 return None
-            if node.op_type not in PASS_THROUGH_OPS or not node.input or not node.input[0]:
+            if op not in PASS_THROUGH_OPS:
                 return None
-            ctx, name = scope, node.input[0]
+            first = ctx.ins[producer][0] if ctx.ins[producer] else ""
+            if not first:
+                return None
+            name = first
         return None
 
-    def problem(self, ctx: GraphContext, node: onnx.NodeProto, low_inputs: tuple[int, ...], low: LowDtype) -> str | None:
-        """Why ``node`` cannot read its constants in ``low``, or None."""
+    def problem(self, ctx: GraphContext, i: int, low_inputs: tuple[int, ...], low: LowDtype) -> str | None:
+        """Why node ``i`` cannot read its constants in ``low``, or None."""
+        inputs = ctx.ins[i]
         for slot in low_inputs:
-            found = self.constant_behind(ctx, node.input[slot])
+            found = self.constant_behind(ctx, inputs[slot])
             if found is None:
                 continue
             name, tensor = found
@@ -126,9 +168,7 @@ class ConstantRanges:
         return None
 
 
-def data_range_problem(
-    ctx: GraphContext, node: onnx.NodeProto, calibration: Calibration | None, data_max: float, low: LowDtype
-) -> str | None:
+def data_range_problem(ctx: GraphContext, node: onnx.NodeProto, calibration: Calibration | None, data_max: float) -> str | None:
     """Calibrated rule: a node whose float inputs or outputs reached more than
     ``data_max`` in magnitude in the fp32 run stays fp32 (main graph only:
     calibration sees the main graph's tensors)."""

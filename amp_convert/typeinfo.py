@@ -42,23 +42,25 @@ def infer_types(ctx: GraphContext, opsets: dict[str, int]) -> None:
             types[value.name] = t
     for name, tensor in ctx.initializers.items():
         types[name] = tensor.data_type
-    for i, node in enumerate(ctx.nodes):
-        subs = ctx.subgraphs.get(i, ())
+    subgraphs = ctx.subgraphs
+    for i, outs in enumerate(ctx.outs):
+        subs = subgraphs.get(i, ()) if subgraphs else ()
         for sub in subs:
             infer_types(sub, opsets)
-        missing = [k for k, name in enumerate(node.output) if name and name not in types]
+        missing = [k for k, name in enumerate(outs) if name and name not in types]
         if not missing:
             continue
+        node = ctx.nodes[i]
         domain = node.domain
         opset = opsets.get("" if is_default_domain(domain) else domain)
-        sig = signature(node.op_type, domain, opset) if opset is not None else None
+        sig = signature(ctx.ops[i], domain, opset) if opset is not None else None
         for k in missing:
-            t = _output_type(ctx, node, k, sig, subs)
+            t = _output_type(ctx, i, node, k, sig, subs)
             if t:
-                types[node.output[k]] = t
+                types[outs[k]] = t
 
 
-def _output_type(ctx: GraphContext, node: onnx.NodeProto, k: int, sig: Signature | None, subs) -> int:
+def _output_type(ctx: GraphContext, i: int, node: onnx.NodeProto, k: int, sig: Signature | None, subs) -> int:
     if is_default_domain(node.domain):
         special = _special_output_type(ctx, node, k, subs)
         if special is not None:
@@ -70,9 +72,10 @@ def _output_type(ctx: GraphContext, node: onnx.NodeProto, k: int, sig: Signature
         return 0
     if type_str not in sig.allowed:
         return TYPE_STR_TO_ELEM.get(type_str, NOT_A_TENSOR)
-    for slot, name in enumerate(node.input):
+    types = ctx.types
+    for slot, name in enumerate(ctx.ins[i]):
         if name and sig.input_type(slot) == type_str:
-            t = ctx.type_of(name)
+            t = types.get(name) or ctx.type_of(name)
             if t:
                 return t
     allowed = sig.allowed[type_str]
