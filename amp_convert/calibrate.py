@@ -7,6 +7,7 @@ estimates) are kept, never the tensors themselves.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -50,7 +51,11 @@ class Calibration:
 
 
 def calibrate(
-    model: onnx.ModelProto, samples: Iterable[dict[str, np.ndarray]], provider: str = "auto", keep_bytes: int = 64 << 20
+    model: onnx.ModelProto,
+    samples: Iterable[dict[str, np.ndarray]],
+    provider: str = "auto",
+    keep_bytes: int = 64 << 20,
+    base_dir: str | os.PathLike | None = None,
 ) -> Calibration:
     """Run ``model`` in fp32 on every sample with all float tensors exposed."""
     ctx = build_context(model.graph)
@@ -63,7 +68,7 @@ def calibrate(
     ]
     names += [n for n in ctx.input_names if ctx.types.get(n) == TensorProto.FLOAT and n not in ctx.initializers]
     chosen, _ = choose_provider(provider)
-    sess = session(expose(model, ((n, ctx.types[n]) for n in names if n not in ctx.input_set)), chosen)
+    sess = session(expose(model, ((n, ctx.types[n]) for n in names if n not in ctx.input_set)), chosen, base_dir)
     result = Calibration(provider=chosen, outputs=[], source_id=id(samples))
     ranges = result.ranges
     output_names = [v.name for v in model.graph.output]

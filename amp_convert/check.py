@@ -3,18 +3,36 @@ shape and type inference), or the tool says exactly why not."""
 
 from __future__ import annotations
 
+import os
+
 import onnx
 
 from .errors import ConversionError
+from .external import PROTOBUF_LIMIT
 
 CHECK_MODES = ("full", "basic", "none")
 
 
-def check_converted(model: onnx.ModelProto, mode: str = "full") -> None:
+def check_converted(model: onnx.ModelProto, mode: str = "full") -> bool:
     """Run the ONNX checker on the converted model; ``mode`` is 'full'
-    (with strict shape inference), 'basic' or 'none'."""
+    (with strict shape inference), 'basic' or 'none'. Returns False when the
+    model is too large to check in memory (over 2 GB): the caller checks the
+    written file with :func:`check_file`."""
     if mode == "none":
-        return
+        return True
+    if model.ByteSize() > PROTOBUF_LIMIT:
+        return False
+    _run_checker(model, mode)
+    return True
+
+
+def check_file(path: str | os.PathLike, mode: str = "full") -> None:
+    """The checker on a written model (external data resolved beside it)."""
+    if mode != "none":
+        _run_checker(os.fspath(path), mode)
+
+
+def _run_checker(model: onnx.ModelProto | str, mode: str) -> None:
     try:
         onnx.checker.check_model(model, full_check=mode == "full")
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError) as e:

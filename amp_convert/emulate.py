@@ -10,10 +10,13 @@ so the twin can be compared with the fp32 model tensor by tensor.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .external import read_array
 from .graph import GraphContext, NameGenerator, build_context, tensor_names
 from .schema import model_opsets
 from .typeinfo import infer_types
@@ -32,28 +35,32 @@ def detect_low_dtype(model: onnx.ModelProto) -> int | None:
     return None
 
 
-def emulation_twin(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A float32 copy of ``model`` that rounds every fp16/bf16 tensor."""
+def emulation_twin(model: onnx.ModelProto, base_dir: Path | None = None) -> onnx.ModelProto:
+    """A float32 copy of ``model`` that rounds every fp16/bf16 tensor
+    (``base_dir``: where its external data lives, if it has any)."""
     twin = onnx.ModelProto()
     twin.CopyFrom(model)
     ctx = build_context(twin.graph)
     infer_types(ctx, model_opsets(twin))
     names = NameGenerator(tensor_names(ctx))
-    _rewrite_inner_first(ctx, names)
+    _rewrite_inner_first(ctx, names, base_dir)
     return twin
 
 
-def _rewrite_inner_first(ctx: GraphContext, names: NameGenerator) -> None:
+def _rewrite_inner_first(ctx: GraphContext, names: NameGenerator, base_dir: Path | None) -> None:
     # Bodies first: rewriting a graph re-adds its nodes, which copies their bodies.
     for subs in ctx.subgraphs.values():
         for sub in subs:
-            _rewrite_inner_first(sub, names)
-    _rewrite(ctx, names)
+            _rewrite_inner_first(sub, names, base_dir)
+    _rewrite(ctx, names, base_dir)
 
 
-def _float_value(tensor: onnx.TensorProto) -> None:
+def _float_value(tensor: onnx.TensorProto, base_dir: Path | None) -> None:
     if tensor.data_type in LOW_TYPES:
-        array = numpy_helper.to_array(tensor).astype(np.float32)
+        if tensor.data_location == TensorProto.EXTERNAL and base_dir is not None:
+            array = read_array(tensor, base_dir).astype(np.float32)
+        else:
+            array = numpy_helper.to_array(tensor).astype(np.float32)
         new = numpy_helper.from_array(array, tensor.name)
         tensor.CopyFrom(new)
 
@@ -64,7 +71,7 @@ def _retype(values) -> None:
             v.type.tensor_type.elem_type = TensorProto.FLOAT
 
 
-def _rewrite(ctx: GraphContext, names: NameGenerator) -> None:
+def _rewrite(ctx: GraphContext, names: NameGenerator, base_dir: Path | None) -> None:
     graph = ctx.graph
     new_nodes: list[onnx.NodeProto] = []
     renames: dict[str, str] = {}
@@ -78,7 +85,7 @@ def _rewrite(ctx: GraphContext, names: NameGenerator) -> None:
     else:
         _retype(graph.input)
     for tensor in graph.initializer:
-        _float_value(tensor)
+        _float_value(tensor, base_dir)
     for node in ctx.nodes:
         for slot, name in enumerate(node.input):
             if name in renames:
@@ -86,7 +93,7 @@ def _rewrite(ctx: GraphContext, names: NameGenerator) -> None:
         if node.op_type in ("Constant", "ConstantOfShape"):
             for a in node.attribute:
                 if a.name == "value":
-                    _float_value(a.t)
+                    _float_value(a.t, None)
             new_nodes.append(node)
             continue
         low_outputs = [(k, o) for k, o in enumerate(node.output) if o and ctx.types.get(o) in LOW_TYPES]

@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import onnx
 
@@ -44,6 +45,7 @@ class ConversionResult:
     casts_before: int = 0
     casts_after: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    check_deferred: bool = False  # too large to check in memory: check the written file
 
     def __iter__(self) -> Iterator:
         yield self.model
@@ -105,6 +107,7 @@ def convert(
     check: str = "full",
     calibration: Calibration | None = None,
     in_place: bool = False,
+    external_dir: str | os.PathLike | None = None,
     **option_values,
 ) -> ConversionResult:
     """Convert an fp32 model to mixed precision.
@@ -115,16 +118,22 @@ def convert(
     ``calibration`` (from :func:`amp_convert.calibrate.calibrate`) turns on
     the calibrated range rule. ``in_place=True`` converts a ModelProto that
     :func:`amp_convert.load.load_model` returned without copying or
-    checking it again (the caller gives it up).
+    checking it again (the caller gives it up). ``external_dir`` is the
+    folder of a model whose external data was left on disk
+    (``load_model(path, lazy_external=True)``): tensors are read from there
+    one at a time.
     """
     if options is not None and option_values:
         raise TypeError("pass either options or keyword options, not both")
     options = (options or ConvertOptions(**_tuples(option_values))).validated()
+    base_dir = Path(external_dir) if external_dir is not None else None
     with _no_cyclic_gc():
-        return _convert(model, options, check, calibration, in_place)
+        return _convert(model, options, check, calibration, in_place, base_dir)
 
 
-def _convert(model, options: ConvertOptions, check: str, calibration: Calibration | None, in_place: bool) -> ConversionResult:
+def _convert(
+    model, options: ConvertOptions, check: str, calibration: Calibration | None, in_place: bool, base_dir: Path | None
+) -> ConversionResult:
     timer = _Timer()
     work = model if in_place and isinstance(model, onnx.ModelProto) else load_input(model)
     timer.lap("load")
@@ -139,12 +148,12 @@ def _convert(model, options: ConvertOptions, check: str, calibration: Calibratio
     infer_types(ctx, model_opsets(work))
     if calibration is None and options.safety_on:
         notes.append("calibrated range rule inactive: no reference data")
-    plan = make_plan(work, ctx, options, ConstantRanges(clip=options.clip_initializers), calibration)
+    plan = make_plan(work, ctx, options, ConstantRanges(clip=options.clip_initializers, base_dir=base_dir), calibration)
     plan.notes[:0] = notes
     timer.lap("plan")
     result = ConversionResult(work, plan, options, casts_before=casts_before)
     if options.effective_level != "O0":
-        rewriter = Rewriter(plan, options.low, options.io_types, NameGenerator(tensor_names(ctx)))
+        rewriter = Rewriter(plan, options.low, options.io_types, NameGenerator(tensor_names(ctx)), base_dir)
         result.stats = rewriter.run(ctx)
         timer.lap("rewrite")
         types: dict[str, int] = {}
@@ -153,7 +162,7 @@ def _convert(model, options: ConvertOptions, check: str, calibration: Calibratio
         types.update(rewriter.retyped)
         result.cleanup = clean_up(work, types)
         timer.lap("cleanup")
-    check_converted(work, check)
+    result.check_deferred = not check_converted(work, check)
     timer.lap("check")
     result.casts_after = count_casts(work)
     result.timings = timer.timings

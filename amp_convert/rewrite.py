@@ -17,12 +17,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from .dtypes import FLOAT, LowDtype
+from .external import read_array
 from .graph import GraphContext, NameGenerator
 from .lists import DTYPE_AGNOSTIC_INPUTS, DTYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
 from .plan import Demand, Plan, Precision
@@ -78,9 +80,22 @@ def to_low_array(array: np.ndarray, low: LowDtype, name: str, stats: RewriteStat
     return out
 
 
-def lower_tensor(tensor: onnx.TensorProto, low: LowDtype, stats: RewriteStats, label: str = "") -> None:
-    """Rewrite a float32 TensorProto in place as ``low`` (same name)."""
-    if tensor.raw_data and tensor.data_location != onnx.TensorProto.EXTERNAL:
+def lower_tensor(
+    tensor: onnx.TensorProto, low: LowDtype, stats: RewriteStats, label: str = "", base_dir: Path | None = None
+) -> None:
+    """Rewrite a float32 TensorProto in place as ``low`` (same name). An
+    external tensor is read from its file and stored inline at half the size
+    (the save writes it out again)."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        if base_dir is None:
+            raise ValueError(f"tensor {tensor.name!r} has external data but the model's folder is unknown")
+        converted = to_low_array(read_array(tensor, base_dir), low, label or tensor.name, stats)
+        del tensor.external_data[:]
+        tensor.data_location = onnx.TensorProto.DEFAULT
+        tensor.raw_data = converted.tobytes()
+        tensor.data_type = low.onnx_type
+        return
+    if tensor.raw_data:
         # Fast path: raw little-endian float32 in, raw low-precision bytes out.
         array = np.frombuffer(tensor.raw_data, dtype="<f4")
         tensor.raw_data = to_low_array(array, low, label or tensor.name, stats).tobytes()
@@ -99,7 +114,7 @@ REWRITTEN_OPS = frozenset(DTYPE_ATTRIBUTE_OPS) | VALUE_ATTRIBUTE_OPS
 class Rewriter:
     """Applies a :class:`Plan` to the graphs indexed by a GraphContext tree."""
 
-    def __init__(self, plan: Plan, low: LowDtype, io_types: str, names: NameGenerator):
+    def __init__(self, plan: Plan, low: LowDtype, io_types: str, names: NameGenerator, base_dir: Path | None = None):
         self.plan = plan
         self.low = low
         self.io_low = io_types == "low"
@@ -107,6 +122,7 @@ class Rewriter:
         self.names = names
         self.stats = RewriteStats()
         self.retyped: dict[str, int] = {}  # every tensor whose type changed or that is new -> its type
+        self.base_dir = base_dir  # folder of the input's external data
         # name -> {element type: name of the tensor holding that version}, per scope
         self._versions: dict[str, dict[str, dict[int, str]]] = {}
 
@@ -134,7 +150,7 @@ class Rewriter:
                 continue
             wants = self.demand.requirements(ctx, name)
             if wants == {low}:
-                lower_tensor(tensor, self.low, self.stats)
+                lower_tensor(tensor, self.low, self.stats, base_dir=self.base_dir)
                 versions[name] = {low: name}
                 changed[name] = low
                 self.stats.initializers_lowered += 1

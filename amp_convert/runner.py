@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterable
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper
 
 from .errors import AmpError
+from .external import PROTOBUF_LIMIT, has_external, write_with_external_data
 
 PROVIDERS = ("auto", "cuda", "cpu")
 _CUDA = "CUDAExecutionProvider"
@@ -64,16 +68,30 @@ def choose_provider(requested: str) -> tuple[str, str]:
     return ("cuda", why) if ok else ("cpu", why)
 
 
-def session(model: onnx.ModelProto, provider: str):
+def session(model: onnx.ModelProto, provider: str, base_dir: str | os.PathLike | None = None):
+    """An onnxruntime session. Models with external data (read from
+    ``base_dir``) or over 2 GB go through a temporary folder, as onnxruntime
+    reads those only from files."""
     ort = _ort()
     providers = [_CUDA, _CPU] if provider == "cuda" else [_CPU]
     options = ort.SessionOptions()
     options.log_severity_level = 3
     try:
-        return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+        if not has_external(model) and model.ByteSize() < PROTOBUF_LIMIT:
+            return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+        with tempfile.TemporaryDirectory(prefix="amp-convert-") as folder:
+            path = Path(folder) / "model.onnx"
+            write_with_external_data(_copy(model), path, "model.onnx.data", Path(base_dir) if base_dir else None)
+            return ort.InferenceSession(str(path), options, providers=providers)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AmpError(f"onnxruntime cannot load the model: {first}") from None
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy
 
 
 def expose(model: onnx.ModelProto, tensors: Iterable[tuple[str, int]]) -> onnx.ModelProto:

@@ -11,6 +11,7 @@ low precision.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -18,6 +19,7 @@ from onnx import numpy_helper
 
 from .calibrate import Calibration
 from .dtypes import LowDtype
+from .external import read_array
 from .graph import GraphContext
 
 # Ops that pass a constant's values through unchanged (so a constant behind
@@ -71,9 +73,14 @@ def value_stats(array: np.ndarray) -> ValueStats:
     )
 
 
-def constant_array(tensor: onnx.TensorProto) -> np.ndarray:
-    """Values of a float tensor; raw float32 data is read without a copy."""
-    if tensor.data_type == onnx.TensorProto.FLOAT and tensor.raw_data and tensor.data_location != onnx.TensorProto.EXTERNAL:
+def constant_array(tensor: onnx.TensorProto, base_dir: Path | None = None) -> np.ndarray:
+    """Values of a float tensor; raw float32 data is read without a copy,
+    external data from its file (``base_dir``: the model's folder)."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        if base_dir is None:
+            raise ValueError(f"tensor {tensor.name!r} has external data but the model's folder is unknown")
+        return read_array(tensor, base_dir)
+    if tensor.data_type == onnx.TensorProto.FLOAT and tensor.raw_data:
         return np.frombuffer(tensor.raw_data, dtype="<f4")
     return numpy_helper.to_array(tensor)
 
@@ -85,13 +92,14 @@ class ConstantRanges:
     range do not keep a node fp32: the rewrite clips and counts them.
     """
 
-    def __init__(self, clip: bool = False) -> None:
+    def __init__(self, clip: bool = False, base_dir: Path | None = None) -> None:
         self._stats: dict[str, ValueStats] = {}
         self.clip = clip
+        self.base_dir = base_dir
 
     def stats(self, name: str, tensor: onnx.TensorProto) -> ValueStats:
         if name not in self._stats:
-            self._stats[name] = value_stats(constant_array(tensor))
+            self._stats[name] = value_stats(constant_array(tensor, self.base_dir))
         return self._stats[name]
 
     def prime(self, initializers: dict[str, onnx.TensorProto], small: int = 4096) -> None:

@@ -9,6 +9,7 @@ kept, so memory stays at one sample's tensors whatever the sample count.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -137,6 +138,7 @@ class Validator:
         config: ValidationConfig,
         cache_bytes: int = 64 << 20,
         reference_outputs: list[tuple[dict, dict]] | None = None,
+        base_dir: str | os.PathLike | None = None,
     ):
         if config.emulate not in EMULATE_MODES:
             raise AmpError(f"unknown emulation mode {config.emulate!r}: use auto, always or never")
@@ -148,6 +150,7 @@ class Validator:
         self.output_names = [v.name for v in reference.graph.output]
         self.cache_bytes = cache_bytes
         self._outputs_cache = reference_outputs  # (feeds, outputs) per sample of this source, if known
+        self.base_dir = base_dir  # folder of external data the models still refer to
         self._plain_session = None
 
     def check(
@@ -163,7 +166,7 @@ class Validator:
         low_elem = detect_low_dtype(candidate)
         dtype = _low_key(low_elem)
         emulated, emulation_note = _decide_emulation(config.emulate, self.provider, low_elem)
-        runnable = emulation_twin(candidate) if emulated else candidate
+        runnable = emulation_twin(candidate, self.base_dir) if emulated else candidate
         tolerance = config.tolerance or DEFAULT_TOLERANCES[dtype]
         cand_ctx = _typed(candidate)
         run_ctx = _typed(runnable) if emulated else cand_ctx
@@ -184,7 +187,7 @@ class Validator:
                 and cand_ctx.types.get(name) in _EXPOSABLE
                 and name not in self.output_names
             ]
-        cand_sess = session(expose(runnable, ((n, run_ctx.types[n]) for n in tensors)), self.provider)
+        cand_sess = session(expose(runnable, ((n, run_ctx.types[n]) for n in tensors)), self.provider, self.base_dir)
         out_stats = {n: ErrorStats(n) for n in self.output_names}
         tensor_stats = {n: ErrorStats(n, detailed=False) for n in tensors}
         samples = 0
@@ -219,7 +222,7 @@ class Validator:
     def _reference_runs(self, tensors: list[str]) -> Iterator[tuple[dict, dict]]:
         """(feeds, reference values) per sample; outputs-only runs are cached when small."""
         if tensors:
-            sess = session(expose(self.reference, ((n, self.ref_ctx.types[n]) for n in tensors)), self.provider)
+            sess = session(expose(self.reference, ((n, self.ref_ctx.types[n]) for n in tensors)), self.provider, self.base_dir)
             for feeds in self.source:
                 yield feeds, run(sess, feeds)
             return
@@ -227,7 +230,7 @@ class Validator:
             yield from self._outputs_cache
             return
         if self._plain_session is None:
-            self._plain_session = session(self.reference, self.provider)
+            self._plain_session = session(self.reference, self.provider, self.base_dir)
         kept: list[tuple[dict, dict]] | None = []
         size = 0
         for feeds in self.source:
@@ -249,9 +252,10 @@ def validate(
     config: ValidationConfig,
     plan: Plan | None = None,
     progress: Callable[[int], None] | None = None,
+    base_dir: str | os.PathLike | None = None,
 ) -> ValidationResult:
     """Compare ``candidate`` with ``reference`` on every sample of ``source``."""
-    return Validator(reference, source, config, cache_bytes=0).check(candidate, plan, progress=progress)
+    return Validator(reference, source, config, cache_bytes=0, base_dir=base_dir).check(candidate, plan, progress=progress)
 
 
 def _decide_emulation(mode: str, provider: str, low_elem: int | None) -> tuple[bool, str]:

@@ -1,0 +1,130 @@
+"""External data: tensors stored beside the model, read lazily and written
+tensor by tensor.
+
+A model loaded with ``load_model(path, lazy_external=True)`` keeps its
+external tensors as references to the input's data file. Tensors the
+converter lowers are read one at a time and replaced by their (half-size)
+low-precision bytes; the others are copied from the input's data file to the
+output's in chunks when the model is written. The whole fp32 weight set is
+never in memory.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from .graph import node_subgraphs
+
+PROTOBUF_LIMIT = 2**31 - 1  # a ModelProto cannot serialize past 2 GB
+CHUNK = 64 << 20
+ALIGN = 64  # offsets of tensors in the data file, for memory-mapped readers
+INLINE_BELOW = 1024  # bytes: smaller tensors stay inside the .onnx file
+
+
+def is_external(tensor: onnx.TensorProto) -> bool:
+    return tensor.data_location == onnx.TensorProto.EXTERNAL
+
+
+def external_info(tensor: onnx.TensorProto) -> dict[str, str]:
+    return {e.key: e.value for e in tensor.external_data}
+
+
+def read_array(tensor: onnx.TensorProto, base_dir: str | os.PathLike) -> np.ndarray:
+    """The values of an external tensor, read from its file segment."""
+    info = external_info(tensor)
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    count = 1
+    for d in tensor.dims:
+        count *= d
+    array = np.fromfile(Path(base_dir) / info["location"], dtype=dtype, count=count, offset=int(info.get("offset", 0) or 0))
+    return array.reshape(tuple(tensor.dims))
+
+
+def all_initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Initializers of a graph and of all its subgraphs."""
+    yield from graph.initializer
+    for node in graph.node:
+        for _, sub in node_subgraphs(node):
+            yield from all_initializers(sub)
+
+
+def has_external(model: onnx.ModelProto) -> bool:
+    return any(is_external(t) for t in all_initializers(model.graph))
+
+
+def payload_bytes(model: onnx.ModelProto) -> int:
+    """Serialized size of the model as it would be saved inline: the proto
+    plus the bytes of its external tensors."""
+    size = model.ByteSize()
+    for t in all_initializers(model.graph):
+        if is_external(t):
+            size += int(external_info(t).get("length", 0) or 0)
+    return size
+
+
+def write_with_external_data(
+    model: onnx.ModelProto, model_path: Path, data_name: str, source_dir: Path | None, data_path: Path | None = None
+) -> None:
+    """Write ``model`` to ``model_path`` and its large tensors to ``data_name``
+    (beside it, or at ``data_path``), streaming tensors that still live in
+    the input's data files. ``model`` is modified: its large tensors become
+    references to the new data file."""
+    data_path = data_path or model_path.with_name(data_name)
+    with open(data_path, "wb") as out:
+        for tensor in all_initializers(model.graph):
+            if is_external(tensor):
+                if source_dir is None:
+                    raise ValueError(f"tensor {tensor.name!r} refers to external data but no source folder is known")
+                info = external_info(tensor)
+                offset = _pad(out)
+                length = _copy_segment(
+                    Path(source_dir) / info["location"], int(info.get("offset", 0) or 0), int(info["length"]), out
+                )
+                _point_to(tensor, data_name, offset, length)
+            elif tensor.raw_data and len(tensor.raw_data) >= INLINE_BELOW:
+                offset = _pad(out)
+                out.write(tensor.raw_data)
+                length = len(tensor.raw_data)
+                tensor.ClearField("raw_data")
+                _point_to(tensor, data_name, offset, length)
+        out.flush()
+        os.fsync(out.fileno())
+    with open(model_path, "wb") as f:
+        f.write(model.SerializeToString())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _pad(out) -> int:
+    offset = out.tell()
+    if offset % ALIGN:
+        out.write(b"\0" * (ALIGN - offset % ALIGN))
+        offset = out.tell()
+    return offset
+
+
+def _copy_segment(source: Path, offset: int, length: int, out) -> int:
+    with open(source, "rb") as f:
+        f.seek(offset)
+        left = length
+        while left:
+            chunk = f.read(min(CHUNK, left))
+            if not chunk:
+                raise ValueError(f"{source}: shorter than the tensor it should hold")
+            out.write(chunk)
+            left -= len(chunk)
+    return length
+
+
+def _point_to(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
