@@ -50,6 +50,10 @@ zoo: $(ZOOVENV)/.installed
 zoo-full: $(ZOOVENV)/.installed
 	$(ZOOVENV)/bin/python models/build_zoo.py --full
 
+# Property-based fuzzing: thousands of random graphs at every level and dtype.
+fuzz: setup
+	AMP_FUZZ_EXAMPLES=$${AMP_FUZZ_EXAMPLES:-5000} $(BIN)/python -m pytest -q tests/test_fuzz.py -k "random_graphs or random_options"
+
 bench: setup pypi-models
 	$(BIN)/python scripts/bench_casts.py
 

@@ -15,6 +15,7 @@ deterministic.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -149,11 +150,15 @@ class AutoSearch:
         max_trials: int,
         check: str,
         on_trial: Callable[[Trial], None] | None,
+        external_dir: str | os.PathLike | None = None,
     ):
         self.reference = reference
         self.options = options
         known = calibration.outputs if calibration is not None and calibration.source_id == id(source) else None
-        self.validator = Validator(reference, source, replace(config, per_node=False), reference_outputs=known)
+        self.validator = Validator(
+            reference, source, replace(config, per_node=False), reference_outputs=known, base_dir=external_dir
+        )
+        self.external_dir = external_dir
         self.calibration = calibration
         self.max_trials = max_trials
         self.check = check
@@ -281,17 +286,18 @@ def auto_convert(
     start: str = "O3",
     check: str = "full",
     on_trial: Callable[[Trial], None] | None = None,
+    external_dir: str | os.PathLike | None = None,
 ) -> AutoResult:
     """Search for the assignment with the most low-precision compute that
     passes validation, in at most ``max_trials`` conversions + validations."""
     began = time.perf_counter()
-    search = AutoSearch(reference, options, source, config, calibration, max_trials, check, on_trial)
+    search = AutoSearch(reference, options, source, config, calibration, max_trials, check, on_trial, external_dir)
     if start == "O3":
         search.from_o3()
     else:
         search.from_level(start)
     if search.best is None:
-        fallback = convert(reference, replace(options, level="O0").validated(), check=check)
+        fallback = convert(reference, replace(options, level="O0").validated(), check=check, external_dir=external_dir)
         fallback.plan.notes.append(f"auto: no assignment met the tolerance in {len(search.trials)} trials; the model stays fp32")
         return AutoResult(fallback, None, search.trials, start, time.perf_counter() - began, chosen=0)
     _, result, validation, number = search.best

@@ -17,6 +17,7 @@ import click
 
 from . import __version__
 from .errors import AmpError, ConversionError
+from .external import PROTOBUF_LIMIT
 from .lists import LEVELS, PROFILES
 from .options import IO_TYPES, ConvertOptions
 from .report import build_report, html_report, terminal_table
@@ -49,6 +50,7 @@ CONFIG_KEYS = {
     "max_trials",
     "auto_from",
     "check",
+    "external_data",
     "target_opset",
     "output",
     "explain",
@@ -100,6 +102,8 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
     if not value:
         return value
     path = Path(value)
+    if path.is_dir():
+        raise click.BadParameter(f"{value}: is a directory, not a TOML file", param_hint="--config")
     if not path.is_file():
         raise click.BadParameter(f"{value}: no such file", param_hint="--config")
     try:
@@ -111,14 +115,26 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise click.BadParameter(f"{value}: malformed TOML ({e})", param_hint="--config") from None
     section = data.get("amp-convert", data.get("amp_convert", data))
+    if not isinstance(section, dict):
+        raise click.BadParameter(f"{value}: [amp-convert] must be a table of options", param_hint="--config")
+    params = {p.name: p for p in ctx.command.params}
     defaults: dict[str, Any] = {}
     for key, v in section.items():
         norm = key.replace("-", "_")
         if norm not in CONFIG_KEYS:
             raise click.BadParameter(f"{value}: unknown option {key!r}", param_hint="--config")
+        name = PARAMETER_NAMES.get(norm, norm)
         if norm in MULTIPLE_KEYS:
-            v = [v] if isinstance(v, str) else list(v)
-        defaults[PARAMETER_NAMES.get(norm, norm)] = v
+            v = [v] if isinstance(v, str) else v
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                raise click.BadParameter(f"{value}: {key} must be a string or a list of strings", param_hint="--config")
+        elif name in params:
+            try:
+                params[name].type_cast_value(ctx, v)
+            except (click.BadParameter, TypeError, ValueError, AttributeError) as e:
+                message = e.format_message() if isinstance(e, click.ClickException) else str(e)
+                raise click.BadParameter(f"{value}: {key}: {message}", param_hint="--config") from None
+        defaults[name] = v
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     return value
 
@@ -348,6 +364,14 @@ def validation_options(f):
     help="Upgrade the model to this default-domain opset first (bf16 Conv/MatMul need 22). Example: --target-opset 22",
 )
 @click.option(
+    "--external-data",
+    type=click.Choice(["auto", "always", "never"]),
+    default="auto",
+    show_default=True,
+    help="Write large tensors to OUT.data beside the model: auto when the input used external data or the "
+    "result is over 2 GB. Example: --external-data always",
+)
+@click.option(
     "--check",
     type=click.Choice(["full", "basic", "none"]),
     default="full",
@@ -380,32 +404,40 @@ def validation_options(f):
 )
 def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     """Convert MODEL to mixed precision, validate it, report, save."""
+    from .check import check_file
+    from .external import has_external, payload_bytes
+    from .load import load_model
     from .pipeline import convert
-    from .save import save_model, write_text
+    from .save import check_output_path, save_model, write_text
 
     auto = kw["level"] == "auto"
     options = _conversion_options(kw)
     output = output or _default_output(model, options.dtype)
     _check_output_path(model, output)
-    for flag in ("plan_json", "report", "html"):
-        if kw[flag] is not None:
-            _check_output_path(model, kw[flag])
     if auto and not kw["validate"]:
         raise AmpError("--level auto measures accuracy: it cannot run with --no-validate")
-    from .load import load_model
-
-    reference = load_model(model)
+    reference = load_model(model, lazy_external=True)
+    # Every output is checked before anything is converted or written.
+    for target in (output, kw["plan_json"], kw["report"], kw["html"]):
+        if target is not None:
+            _check_output_path(model, target)
+            check_output_path(target)
+    folder = model.parent
+    input_external = has_external(reference)
     node_count = len(reference.graph.node)
+    size_before = _model_bytes(model, reference)
     source = _input_source(reference, kw) if kw["validate"] else None
-    calibration = _calibration(reference, source, options, kw, auto)
+    calibration = _calibration(reference, source, options, kw, auto, folder)
     searched = None
     if auto:
-        searched = _auto(reference, options, source, calibration, kw)
+        searched = _auto(reference, options, source, calibration, kw, folder)
         result, validation = searched.conversion, searched.validation
     else:
         # Without validation the fp32 model is not needed afterwards: convert it in place.
-        result = convert(reference, options, check=kw["check"], calibration=calibration, in_place=source is None)
-        validation = _validate(reference, result.model, source, kw, result.plan) if source is not None else None
+        result = convert(
+            reference, options, check=kw["check"], calibration=calibration, in_place=source is None, external_dir=folder
+        )
+        validation = _validate(reference, result.model, source, kw, result.plan, folder) if source is not None else None
     if kw["explain"] and not kw["json_out"]:
         click.echo(result.plan.format_table())
     if kw["plan_json"]:
@@ -413,10 +445,18 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     passed = validation is None or validation.passed
     exit_code = EXIT_OK if passed else EXIT_TOLERANCE
     write = passed or kw["write_on_fail"]
+    size_after = payload_bytes(result.model)
     if write:
-        save_model(result.model, output)
-    size_before = model.stat().st_size
-    size_after = output.stat().st_size if write else result.model.ByteSize()
+        mode = kw["external_data"]
+        external = mode == "always" or (mode == "auto" and (input_external or size_after > PROTOBUF_LIMIT))
+        deferred = result.check_deferred
+
+        def verify(path: Path) -> None:
+            if deferred:  # too large to check in memory: check the written file before it replaces anything
+                check_file(path, kw["check"])
+
+        save_model(result.model, output, external=external, source_dir=folder, before_commit=verify)
+        size_after = _model_bytes(output, result.model)
     timings = dict(result.timings)
     if validation is not None:
         timings["validate"] = validation.seconds
@@ -455,6 +495,14 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         raise click.exceptions.Exit(exit_code)
 
 
+def _model_bytes(path: Path, model) -> int:
+    """Size on disk: the .onnx file and the external data files it refers to."""
+    from .external import all_initializers, external_info, is_external
+
+    files = {external_info(t).get("location") for t in all_initializers(model.graph) if is_external(t)}
+    return path.stat().st_size + sum((path.parent / f).stat().st_size for f in files if f and (path.parent / f).is_file())
+
+
 def _conversion_options(kw: dict) -> ConvertOptions:
     return ConvertOptions(
         level=None if kw["level"] == "auto" else kw["level"],
@@ -476,7 +524,7 @@ def _conversion_options(kw: dict) -> ConvertOptions:
     ).validated()
 
 
-def _calibration(reference, source, options: ConvertOptions, kw: dict, auto: bool):
+def _calibration(reference, source, options: ConvertOptions, kw: dict, auto: bool, folder: Path):
     """fp32 value ranges for the calibrated safety rule: from --calibration,
     else from the validation inputs (one streaming pass)."""
     from .calibrate import calibrate
@@ -488,10 +536,10 @@ def _calibration(reference, source, options: ConvertOptions, kw: dict, auto: boo
         source = make_source(reference, kw["calibration"], kw["input_shape"], kw["input_range"], kw["samples"], kw["seed"])
     if source is None:
         return None
-    return calibrate(reference, source, kw["provider"])
+    return calibrate(reference, source, kw["provider"], base_dir=folder)
 
 
-def _auto(reference, options: ConvertOptions, source, calibration, kw: dict):
+def _auto(reference, options: ConvertOptions, source, calibration, kw: dict, folder: Path):
     from .auto import auto_convert
     from .validate import ValidationConfig
 
@@ -502,7 +550,7 @@ def _auto(reference, options: ConvertOptions, source, calibration, kw: dict):
 
     config = ValidationConfig(kw["provider"], kw["emulate"], True, kw["top"], _tolerance(kw, reference_low=options.dtype))
     searched = auto_convert(
-        reference, options, source, config, calibration, kw["max_trials"], kw["auto_from"] or "O3", kw["check"], show
+        reference, options, source, config, calibration, kw["max_trials"], kw["auto_from"] or "O3", kw["check"], show, folder
     )
     if searched.validation is None and not kw["quiet"] and not kw["json_out"]:
         click.echo(
@@ -520,7 +568,7 @@ def compare_command(reference: Path, candidate: Path, **kw: Any) -> None:
     from .load import load_model
 
     ref_model = load_model(reference)
-    cand_model = load_model(candidate)
+    cand_model = load_model(candidate)  # (external data read into memory: the two may live in different folders)
     for flag in ("report", "html"):
         if kw[flag] is not None:
             _check_output_path(reference, kw[flag])
@@ -553,7 +601,7 @@ def _input_source(reference, kw: dict):
     return make_source(reference, kw["inputs"], kw["input_shape"], kw["input_range"], kw["samples"], kw["seed"])
 
 
-def _validate(reference, candidate, source, kw: dict, plan):
+def _validate(reference, candidate, source, kw: dict, plan, folder: Path | None = None):
     from .emulate import detect_low_dtype
     from .validate import ValidationConfig, validate
 
@@ -561,9 +609,9 @@ def _validate(reference, candidate, source, kw: dict, plan):
     config = ValidationConfig(kw["provider"], kw["emulate"], kw["per_node"], kw["top"], tolerance)
     show = not kw["quiet"] and not kw["json_out"] and sys.stderr.isatty()
     if not show:
-        return validate(reference, candidate, source, config, plan)
+        return validate(reference, candidate, source, config, plan, base_dir=folder)
     with click.progressbar(length=source.count() or 1, label="validating", file=sys.stderr) as bar:
-        return validate(reference, candidate, source, config, plan, progress=bar.update)
+        return validate(reference, candidate, source, config, plan, progress=bar.update, base_dir=folder)
 
 
 def _tolerance(kw: dict, reference_low: str):

@@ -1,43 +1,152 @@
 """Loading: read an ONNX file and refuse, with one clear line, anything that
-is not a model the converter can work on."""
+is not a model the converter can work on.
+
+Every problem with the input is an :class:`AmpError` (exit code 2): a path
+that is not a file, bytes that are not an ONNX model (with a guess at what
+they are), versions the converter does not handle, a model that fails the
+ONNX checker, external data that is missing, too short or outside the
+model's folder, names that are not UTF-8. Messages are one line of bounded
+length. Nothing here writes anything.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import onnx
 import onnx.defs
-from google.protobuf.message import DecodeError
+import onnx.shape_inference
 
 from .errors import AmpError
 from .schema import model_opsets
 
 MIN_IR_VERSION = 3
 MIN_OPSET = 7
+MAX_DETAIL = 240  # characters of a library's message quoted in ours
+
+_REEXPORT = "re-export or repair the model"
+
+# Identity of every file a model was read from in this process (the model
+# files and their external data): device, inode, and size and mtime, so that
+# a new file reusing a freed inode is not mistaken for an input. save.py
+# refuses to write over them: no output path (-o, --plan-json, reports),
+# however spelled (symlink, hard link, ``a/../b``), destroys an input.
+_INPUT_FILES: set[tuple[int, int, int, int]] = set()
 
 
-def load_model(path: str | os.PathLike) -> onnx.ModelProto:
-    """Load and vet ``path``; raises AmpError with what is wrong."""
-    p = Path(path)
-    if not p.exists():
-        raise AmpError(f"{p}: no such file")
-    if p.is_dir():
-        raise AmpError(f"{p}: is a directory, not an .onnx file")
-    if p.stat().st_size == 0:
-        raise AmpError(f"{p}: empty file")
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _remember_input(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        _INPUT_FILES.add(_identity(path.stat()))
+
+
+def is_input_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is (a link to) a file that a model was loaded from in
+    this process: the .onnx file or one of its external data files."""
     try:
-        model = onnx.load(str(p), load_external_data=False)
-    except (DecodeError, RuntimeError, ValueError, OSError) as e:
-        raise AmpError(f"{p}: not a readable ONNX model ({_first_line(e)})") from None
-    if model.ir_version == 0 or not model.HasField("graph"):
-        raise AmpError(f"{p}: not an ONNX model (no IR version or no graph)")
-    _check_external_data(model, p.parent.resolve(), p)
-    if any(_external_tensors(model)):
-        onnx.load_external_data_for_model(model, str(p.parent))
+        return _identity(os.stat(path)) in _INPUT_FILES
+    except (OSError, ValueError):
+        return False
+
+
+def load_model(path: str | os.PathLike, *, lazy_external: bool = False) -> onnx.ModelProto:
+    """Load and vet ``path``; raises AmpError with what is wrong.
+
+    ``lazy_external``: tensors in external data files stay there (the
+    converter reads them one at a time from the model's folder)."""
+    p = Path(path)
+    data = _read(p)
+    _remember_input(p)
+    model = _parse(p, data)
+    check_names(model, str(p))
     check_versions(model, str(p))
-    check_input_model(model, str(p))
+    external = list(_external_tensors(model))
+    if external:
+        _check_external_data(external, p)
+        # The checker reads the file itself so that it can find the external data.
+        check_input_model(str(p), str(p))
+        if not lazy_external:
+            _load_external_data(model, external, p)
+    else:
+        check_input_model(data, str(p))
+    del data
     return model
+
+
+# ------------------------------------------------------------------ reading
+
+
+def _read(p: Path) -> bytes:
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise AmpError(f"{p}: no such file") from None
+    except NotADirectoryError:
+        raise AmpError(f"{p}: no such file (a parent of it is not a folder)") from None
+    except (OSError, ValueError) as e:
+        raise AmpError(f"{p}: cannot read the model ({_detail(e)})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise AmpError(f"{p}: is a directory, not an .onnx file")
+    if not stat.S_ISREG(st.st_mode):
+        raise AmpError(f"{p}: not a regular file (a device, pipe or socket); give the path of an .onnx file")
+    if st.st_size == 0:
+        raise AmpError(f"{p}: empty file (an interrupted download or export?)")
+    try:
+        return p.read_bytes()
+    except OSError as e:
+        raise AmpError(f"{p}: cannot read the model ({_detail(e)})") from None
+
+
+def _parse(p: Path, data: bytes) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as e:  # protobuf raises DecodeError, or RuntimeError/ValueError in some builds
+        raise AmpError(f"{p}: not a readable ONNX model ({_detail(e)}); {_what_is_it(data)}") from None
+    if model.ir_version == 0 or not model.HasField("graph"):
+        missing = "no IR version" if model.ir_version == 0 else "no graph"
+        raise AmpError(f"{p}: not an ONNX model (the bytes parse, but there is {missing}); {_what_is_it(data)}")
+    if len(model.graph.output) == 0:
+        raise AmpError(f"{p}: the model's graph has no outputs: nothing to convert (a corrupt file?)")
+    return model
+
+
+_SIGNATURES = (
+    (b"version https://git-lfs", "it is a Git LFS pointer, not the model: fetch the file with `git lfs pull`"),
+    (b"PK\x03\x04", "it is a zip archive (a PyTorch checkpoint or a zipped model?), not an .onnx file"),
+    (b"\x1f\x8b", "it is gzip-compressed: decompress it first"),
+    (b"\x89PNG", "it is a PNG image, not an .onnx file"),
+    (b"\xff\xd8\xff", "it is a JPEG image, not an .onnx file"),
+    (b"\x89HDF", "it is an HDF5 file (Keras?), not an .onnx file"),
+    (b"\x80\x02", "it looks like a Python pickle (a PyTorch checkpoint?), not an .onnx file"),
+)
+
+
+def _what_is_it(data: bytes) -> str:
+    """A guess at what the bytes are, for a file that is not an ONNX model."""
+    for magic, text in _SIGNATURES:
+        if data.startswith(magic):
+            return text
+    head = data[:512]
+    try:
+        decoded = head.decode("utf-8")
+    except UnicodeDecodeError:
+        decoded = None
+    if decoded is not None and decoded.strip() and all(c.isprintable() or c in "\r\n\t" for c in decoded):
+        if decoded.lstrip().startswith("<"):
+            return "it looks like the ONNX text format: convert it with onnx.parser.parse_model, then onnx.save"
+        return "it is a text file, not a binary .onnx model"
+    return "the file is truncated, corrupt or not ONNX: export it again"
+
+
+# ----------------------------------------------------------------- vetting
 
 
 def check_versions(model: onnx.ModelProto, label: str) -> None:
@@ -51,19 +160,63 @@ def check_versions(model: onnx.ModelProto, label: str) -> None:
     if opset is None:
         raise AmpError(f"{label}: the model imports no default-domain (ai.onnx) opset")
     if not MIN_OPSET <= opset <= newest:
-        raise AmpError(f"{label}: opset {opset} is not supported (this converter handles {MIN_OPSET} to {newest})")
+        hint = "upgrade it with onnx.version_converter" if opset < MIN_OPSET else "a newer onnx package may read it"
+        raise AmpError(f"{label}: opset {opset} is not supported (this converter handles {MIN_OPSET} to {newest}; {hint})")
 
 
-def check_input_model(model: onnx.ModelProto, label: str) -> None:
+def check_input_model(model: onnx.ModelProto | bytes | str, label: str, *, full_check: bool = False) -> None:
     """The input must pass the ONNX checker: converting a broken model would
-    only move the breakage."""
+    only move the breakage. ``model`` may be the serialized bytes or the path
+    (no re-serialization: much faster on large models). ``full_check`` also
+    runs strict shape and type inference."""
     try:
-        onnx.checker.check_model(model)
-    except (onnx.checker.ValidationError, ValueError) as e:
-        raise AmpError(f"{label}: the input model fails the ONNX checker: {_first_line(e)}") from None
+        onnx.checker.check_model(model, full_check=full_check)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError, RuntimeError) as e:
+        what = "fails ONNX shape inference" if isinstance(e, onnx.shape_inference.InferenceError) else "fails the ONNX checker"
+        if isinstance(e, UnicodeDecodeError):  # the checker's message quotes a name that is not UTF-8
+            raise AmpError(f"{label}: the input model {what} on a name that is not UTF-8 (a corrupt file?)") from None
+        raise AmpError(f"{label}: the input model {what}: {_detail(e)} ({_REEXPORT})") from None
 
 
-def _external_tensors(model: onnx.ModelProto):
+def check_names(model: onnx.ModelProto, label: str) -> None:
+    """Every name must be UTF-8 (the ONNX spec's strings are): protobuf hands
+    invalid ones back as bytes, which the rewriter cannot name Casts after."""
+
+    def bad(values: Iterable) -> object | None:
+        for v in values:
+            if not isinstance(v, str):
+                return v
+        return None
+
+    def visit(graph: onnx.GraphProto) -> object | None:
+        found = bad((graph.name,)) or bad(v.name for v in graph.input) or bad(v.name for v in graph.output)
+        found = found or bad(v.name for v in graph.value_info) or bad(t.name for t in graph.initializer)
+        if found:
+            return found
+        for node in graph.node:
+            found = bad((node.op_type, node.domain, node.name)) or bad(node.input) or bad(node.output)
+            if found:
+                return found
+            for a in node.attribute:
+                if not isinstance(a.name, str):
+                    return a.name
+                if a.type == onnx.AttributeProto.GRAPH:
+                    found = visit(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    found = next((f for f in map(visit, a.graphs) if f), None)
+                if found:
+                    return found
+        return None
+
+    found = visit(model.graph) or bad(o.domain for o in model.opset_import)
+    if found is not None:
+        raise AmpError(f"{label}: the name {_detail(found)} is not valid UTF-8 (a corrupt file?); ONNX names must be UTF-8")
+
+
+# ----------------------------------------------------------- external data
+
+
+def _external_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     from onnx.external_data_helper import _get_all_tensors
 
     for t in _get_all_tensors(model):
@@ -71,28 +224,114 @@ def _external_tensors(model: onnx.ModelProto):
             yield t
 
 
-def _check_external_data(model: onnx.ModelProto, base: Path, label: Path) -> None:
+def _int_field(info: dict[str, str], key: str, label: Path, tensor: onnx.TensorProto) -> int | None:
+    value = info.get(key)
+    if value is None or value == "":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise AmpError(f"{label}: tensor {tensor.name!r} has an invalid external data {key} {_detail(value)}")
+    return number
+
+
+def _check_external_data(tensors: list[onnx.TensorProto], label: Path) -> None:
     """External data must stay inside the model's folder and be long enough."""
-    for tensor in _external_tensors(model):
+    try:
+        base = label.parent.resolve()
+    except (OSError, RuntimeError) as e:
+        raise AmpError(f"{label}: cannot resolve the model's folder ({_detail(e)})") from None
+    for tensor in tensors:
         info = {e.key: e.value for e in tensor.external_data}
         location = info.get("location", "")
         if not location:
             raise AmpError(f"{label}: tensor {tensor.name!r} has external data without a location")
-        target = (base / location).resolve()
-        if Path(location).is_absolute() or not target.is_relative_to(base):
-            raise AmpError(f"{label}: tensor {tensor.name!r} points outside the model's folder ({location!r}); refused")
+        if not isinstance(location, str) or "\x00" in location:
+            raise AmpError(f"{label}: tensor {tensor.name!r} has an invalid external data location {_detail(location)}")
+        try:
+            absolute = Path(location).is_absolute() or bool(Path(location).drive)
+            target = (base / location).resolve()
+        except (OSError, RuntimeError, ValueError) as e:
+            raise AmpError(f"{label}: tensor {tensor.name!r}: bad external data location {location!r} ({_detail(e)})") from None
+        if absolute:
+            raise AmpError(
+                f"{label}: tensor {tensor.name!r} has an absolute external data location ({_detail(location)}); refused: "
+                "external data must be a relative path inside the model's folder"
+            )
+        if not target.is_relative_to(base):
+            lexical = os.path.normpath(location).split(os.sep)[0] == os.pardir
+            via = "" if lexical else " through a symbolic link"
+            raise AmpError(
+                f"{label}: tensor {tensor.name!r} points outside the model's folder{via} ({_detail(location)}); refused: "
+                "external data must be a relative path inside the model's folder"
+            )
         if not target.is_file():
-            raise AmpError(f"{label}: external data file {location!r} of tensor {tensor.name!r} is missing")
-        offset = int(info.get("offset", 0) or 0)
-        length = info.get("length")
+            what = "is not a regular file" if target.exists() else "is missing"
+            raise AmpError(f"{label}: external data file {location!r} of tensor {tensor.name!r} {what}")
+        _remember_input(target)
+        offset = _int_field(info, "offset", label, tensor) or 0
+        length = _int_field(info, "length", label, tensor)
+        needed = offset + (length if length is not None else _expected_bytes(tensor) or 0)
         size = target.stat().st_size
-        if length is not None and offset + int(length) > size:
+        if needed > size or offset > size:
             raise AmpError(
                 f"{label}: external data file {location!r} is too short for tensor {tensor.name!r} "
-                f"(needs {offset + int(length)} bytes, has {size})"
+                f"(needs {max(needed, offset)} bytes, has {size})"
             )
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0][:300]
+def _expected_bytes(tensor: onnx.TensorProto) -> int | None:
+    """Size of a tensor's raw data from its shape and type (None when the type
+    has no fixed size or a packing this check does not know)."""
+    if tensor.data_type in _SUB_BYTE or tensor.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return (_count(tensor) + 1) // 2 if tensor.data_type in _PACKED_4BIT else None
+    try:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
+    return _count(tensor) * itemsize
+
+
+def _count(tensor: onnx.TensorProto) -> int:
+    count = 1
+    for d in tensor.dims:
+        count *= d
+    return count
+
+
+def _types(*names: str) -> frozenset[int]:
+    return frozenset(getattr(onnx.TensorProto, name) for name in names if hasattr(onnx.TensorProto, name))
+
+
+_PACKED_4BIT = _types("INT4", "UINT4", "FLOAT4E2M1")
+_SUB_BYTE = _PACKED_4BIT | _types("INT2", "UINT2", "FLOAT6E2M3", "FLOAT6E3M2")
+
+
+def _load_external_data(model: onnx.ModelProto, tensors: list[onnx.TensorProto], label: Path) -> None:
+    from onnx.external_data_helper import load_external_data_for_model
+
+    try:
+        load_external_data_for_model(model, str(label.parent))
+    except (OSError, ValueError, RuntimeError) as e:
+        raise AmpError(f"{label}: cannot read the external data ({_detail(e)})") from None
+    for tensor in tensors:
+        expected = _expected_bytes(tensor)
+        if expected is not None and len(tensor.raw_data) != expected:
+            raise AmpError(
+                f"{label}: the external data of tensor {tensor.name!r} has {len(tensor.raw_data)} bytes, "
+                f"its shape and type need {expected} ({_REEXPORT})"
+            )
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _detail(e: object) -> str:
+    """A library's message (or a value), as one line of bounded length."""
+    text = e if isinstance(e, str) else repr(e) if isinstance(e, bytes) else str(e)
+    text = " ".join(text.split()) or type(e).__name__
+    if len(text) > MAX_DETAIL:
+        text = text[: MAX_DETAIL - 3].rstrip() + "..."
+    return text

@@ -19,6 +19,8 @@ import onnx
 from .calibrate import Calibration
 from .check import check_converted
 from .cleanup import clean_up, count_casts
+from .errors import ConversionError
+from .external import has_external
 from .graph import NameGenerator, build_context, tensor_names
 from .load import check_input_model, check_versions, load_model
 from .opset import upgrade_opset
@@ -79,7 +81,8 @@ def load_input(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         check_versions(copy, "model")
-        check_input_model(copy, "model")
+        if not has_external(copy):  # (external data is checked where it is read: by load_model)
+            check_input_model(copy, "model")
         return copy
     if isinstance(model, (str, os.PathLike)):
         return load_model(model)
@@ -162,7 +165,15 @@ def _convert(
         types.update(rewriter.retyped)
         result.cleanup = clean_up(work, types)
         timer.lap("cleanup")
-    result.check_deferred = not check_converted(work, check)
+    # A model that still refers to external data is checked as a file, once written.
+    try:
+        result.check_deferred = check != "none" and (has_external(work) or not check_converted(work, check))
+    except ConversionError:
+        if check == "full" and not in_place:
+            # Blame the input when it already fails the full check (strict shape inference).
+            source = model if isinstance(model, onnx.ModelProto) else os.fspath(model)
+            check_input_model(source, "model" if isinstance(model, onnx.ModelProto) else str(model), full_check=True)
+        raise
     timer.lap("check")
     result.casts_after = count_casts(work)
     result.timings = timer.timings

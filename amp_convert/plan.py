@@ -470,6 +470,11 @@ def lowered_slots(
     """
     if sig is None:
         return float_ins, float_outs
+    if op_type not in SOURCE_OPS:
+        # An output whose type variable no float32 input binds is fixed by an
+        # attribute (LayerNormalization's Mean/InvStdDev: stash_type): it keeps its type.
+        bound = {sig.input_type(s) for s in float_ins}
+        float_outs = tuple(s for s in float_outs if sig.output_type(s) not in sig.allowed or sig.output_type(s) in bound)
     for slot in float_outs:
         type_str = sig.output_type(slot) or ""
         if not sig.admits(type_str, low.onnx_type):

@@ -145,11 +145,12 @@ class Rewriter:
                 if ctx.types.get(value.name) == FLOAT and value.name not in ctx.initializers:
                     value.type.tensor_type.elem_type = low
                     versions[value.name] = {low: value.name}
+                    changed[value.name] = low
         for name, tensor in ctx.initializers.items():
             if tensor.data_type != FLOAT:
                 continue
             wants = self.demand.requirements(ctx, name)
-            if wants == {low}:
+            if wants == {low} and name not in ctx.input_set:  # (an initializer listed as an input keeps its declared type)
                 lower_tensor(tensor, self.low, self.stats, base_dir=self.base_dir)
                 versions[name] = {low: name}
                 changed[name] = low
@@ -195,11 +196,12 @@ class Rewriter:
         if ctx.parent is not None:
             self._fix_passthrough_outputs(ctx, top, after)
 
-        self.retyped.update(changed)
         if ctx.parent is None and self.io_low:
             for value in ctx.graph.output:
                 if value.type.tensor_type.elem_type == FLOAT:
                     value.type.tensor_type.elem_type = low
+                    changed[value.name] = low
+        self.retyped.update(changed)
         for value in ctx.graph.value_info:
             if value.name in changed and value.type.HasField("tensor_type"):
                 value.type.tensor_type.elem_type = changed[value.name]

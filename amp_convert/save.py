@@ -1,49 +1,251 @@
 """Saving: the output appears whole or not at all.
 
-Everything is written to a temporary file in the target folder and renamed
-over the target, so an interrupted write leaves the previous file (or none).
+Everything is written to a temporary file in the target folder
+(``.<name>.<random>.tmp``), flushed to disk and renamed over the target, so
+an interrupted write leaves the previous file (or none). Ctrl-C (SIGINT),
+SIGTERM and SIGHUP during the write remove the temporary file and raise
+:class:`WriteInterrupted` (a KeyboardInterrupt: the CLI prints one line and
+exits with 130). Only SIGKILL or a power cut can leave a temporary file
+behind; the target is still never partial.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
+import shutil
+import signal
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import onnx
+from onnx.external_data_helper import load_external_data_for_model
 
 from .errors import AmpError
+from .external import PROTOBUF_LIMIT, has_external, payload_bytes, write_with_external_data
+from .load import is_input_file
+
+_CAUGHT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class WriteInterrupted(KeyboardInterrupt):
+    """A signal stopped a write; the target was left as it was."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by {signal.Signals(signum).name} while writing")
+        self.signum = signum
+
+
+class _Interrupts:
+    """While a write is under way, SIGINT/SIGTERM/SIGHUP raise WriteInterrupted
+    (the default action of SIGTERM and SIGHUP kills Python without running
+    ``finally`` blocks, so the temporary file would stay). Inside ``held()``
+    a signal is only noted, and raised when the block ends: creating the
+    temporary file and remembering its name, or renaming it and forgetting
+    it, are never split. (Blocking signals with pthread_sigmask would not do:
+    the kernel hands a blocked signal to another thread, onnxruntime's, and
+    Python runs the handler in the main thread all the same.)
+
+    Handlers are installed only in the main thread, where Python runs them,
+    and the previous ones are restored on exit."""
+
+    def __init__(self) -> None:
+        self.pending: int | None = None
+        self.holding = 0
+        self.previous: dict[int, object] = {}
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            for signum in _CAUGHT_SIGNALS:
+                self.previous[signum] = signal.signal(signum, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, old in self.previous.items():
+            signal.signal(signum, old)
+
+    def _handler(self, signum, _frame) -> None:
+        if self.pending is not None:  # a second signal while cleaning up: let the cleanup finish
+            return
+        self.pending = signum
+        if not self.holding:
+            raise WriteInterrupted(signum)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self.holding += 1
+        try:
+            yield
+        finally:
+            self.holding -= 1
+        if not self.holding and self.pending is not None:
+            raise WriteInterrupted(self.pending)
+
+
+def check_output_path(target: str | os.PathLike) -> Path:
+    """Raise AmpError unless ``target`` can be written: its folder exists and
+    is writable, it is not a directory, and it is not a file an input model
+    was read from (the model or its external data). Returns the folder. The
+    CLI may call it for every output before converting, so that nothing is
+    written when one of them is bad."""
+    target = Path(target)
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.exists():
+        raise AmpError(f"{target}: folder {folder} does not exist (create it first)")
+    if not folder.is_dir():
+        raise AmpError(f"{target}: {folder} is not a folder")
+    if target.is_dir():
+        raise AmpError(f"{target}: is a directory; give a file name")
+    if is_input_file(target):
+        raise AmpError(f"{target}: is a file the input model was read from; choose another output (inputs are never overwritten)")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise AmpError(f"{target}: folder {folder} is not writable")
+    return folder
+
+
+def _create_temporary(folder: Path, name: str) -> Path:
+    """A new empty file ``.<name>.<random>.tmp`` in ``folder``, created with
+    mode 0666 minus the umask, as any new file (mkstemp's would be 0600)."""
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        path = folder / f".{name[:200]}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(path, flags, 0o666)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        return path
+    raise AmpError(f"{folder}: cannot create a temporary file (100 names taken)")
+
+
+def _keep_mode(target: Path, tmp: Path) -> None:
+    """A file written over an existing one keeps that file's permissions."""
+    try:
+        mode = target.stat().st_mode & 0o7777
+    except OSError:
+        return
+    os.chmod(tmp, mode)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename durable; not every platform or filesystem allows it."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``target``; rename it over ``target``
-    only if the block completes."""
+    only if the block completes. Errors writing become AmpError (one line);
+    signals become WriteInterrupted; the temporary file never outlives the
+    block (except after SIGKILL)."""
     target = Path(target)
-    folder = target.parent if str(target.parent) else Path(".")
-    if not folder.is_dir():
-        raise AmpError(f"{target}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise AmpError(f"{target}: folder {folder} is not writable")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        with open(tmp_path, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp_path, target)
-    finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
+    folder = check_output_path(target)
+    tmp_path: Path | None = None
+    with _Interrupts() as interrupts:
+        try:
+            with interrupts.held():  # no interrupt between creating the file and remembering it
+                tmp_path = _create_temporary(folder, target.name)
+            yield tmp_path
+            _keep_mode(target, tmp_path)
+            with open(tmp_path, "rb+") as f:
+                os.fsync(f.fileno())
+            with interrupts.held():  # nor between the rename and forgetting the file
+                os.replace(tmp_path, target)
+                tmp_path = None
+            _fsync_folder(folder)
+        except OSError as e:
+            raise AmpError(f"{target}: cannot write ({e.strerror or e}); nothing was written") from None
+        finally:
+            if tmp_path is not None:
+                with contextlib.suppress(OSError):
+                    tmp_path.unlink()
 
 
-def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> None:
-    """Write ``model`` to ``path`` atomically."""
-    with atomic_path(path) as tmp:
-        onnx.save(model, str(tmp))
+def save_model(
+    model: onnx.ModelProto,
+    path: str | os.PathLike,
+    *,
+    external: bool = False,
+    source_dir: str | os.PathLike | None = None,
+    before_commit: Callable[[Path], None] | None = None,
+) -> None:
+    """Write ``model`` to ``path`` atomically.
+
+    ``external``: large tensors go to ``<name>.data`` beside it, written
+    tensor by tensor (tensors still in the input's data files, under
+    ``source_dir``, are streamed across). Otherwise everything goes into the
+    one file, which protobuf limits to 2 GiB. ``before_commit`` sees the
+    written model (with its data file beside it) before it replaces
+    anything; raising there writes nothing.
+    """
+    target = Path(path)
+    source = Path(source_dir) if source_dir is not None else None
+    if not external:
+        if has_external(model):
+            load_external_data_for_model(model, str(source or target.parent))
+        if payload_bytes(model) > PROTOBUF_LIMIT:
+            raise AmpError(
+                f"{path}: the converted model is over 2 GiB, more than a single .onnx file can hold; "
+                "use --external-data auto or always; nothing was written"
+            )
+        with atomic_path(target) as tmp:
+            write_model_file(model, tmp)
+            if before_commit is not None:
+                before_commit(tmp)
+        return
+    data_name = f"{target.name}.data"
+    with staged_folder(target, [target.name, data_name]) as stage:
+        write_with_external_data(model, stage / target.name, data_name, source)
+        if before_commit is not None:
+            before_commit(stage / target.name)
+
+
+def write_model_file(model: onnx.ModelProto, path: Path) -> None:
+    """Serialize ``model`` into one file (onnx.save would first walk every
+    node's attributes looking for external tensors)."""
+    with open(path, "wb") as f:
+        f.write(model.SerializeToString())
+
+
+@contextlib.contextmanager
+def staged_folder(target: Path, names: list[str]) -> Iterator[Path]:
+    """A temporary folder beside ``target`` in which files ``names`` are
+    written; on success they replace the files of the same names in the
+    target's folder (data files first, the model last), all renames inside
+    one signal-safe section. On failure nothing outside the stage changes."""
+    folder = check_output_path(target)
+    for name in names[1:]:
+        check_output_path(folder / name)
+    stage: Path | None = None
+    with _Interrupts() as interrupts:
+        try:
+            with interrupts.held():
+                stage = Path(tempfile.mkdtemp(prefix=f".{target.name[:200]}.", suffix=".tmp", dir=folder))
+            yield stage
+            with interrupts.held():
+                for name in [*names[1:], names[0]]:
+                    written = stage / name
+                    if written.exists():
+                        _keep_mode(folder / name, written)
+                        os.replace(written, folder / name)
+            _fsync_folder(folder)
+        except OSError as e:
+            raise AmpError(f"{target}: cannot write ({e.strerror or e}); nothing was written") from None
+        finally:
+            if stage is not None:
+                shutil.rmtree(stage, ignore_errors=True)
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

@@ -119,6 +119,9 @@ def _special_output_type(ctx: GraphContext, node: onnx.NodeProto, k: int, subs) 
         if op in _LIKE_OPS and node.input and node.input[0]:
             return ctx.type_of(node.input[0])
         return TensorProto.FLOAT if op != "Cast" else 0
+    if op in ("LayerNormalization", "RMSNormalization") and k > 0:  # Mean / InvStdDev: stash_type
+        a = _attr(node, "stash_type")
+        return a.i if a is not None else TensorProto.FLOAT
     if op == "QuantizeLinear":
         a = _attr(node, "output_dtype")
         if a is not None and a.i:

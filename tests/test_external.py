@@ -1,0 +1,108 @@
+"""Models with external data: read lazily, written tensor by tensor."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from helpers import init, model, value
+from onnx import helper, numpy_helper
+
+from amp_convert.external import external_info, is_external
+
+RNG = np.random.default_rng(7)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("amp-convert")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600)
+
+
+def build(folder: Path) -> Path:
+    """MatMul chain with 64x64 weights forced into an external file; W_shared
+    also feeds a Softmax (black list), so it stays fp32 and is copied as is."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h1"], name="mm1"),
+        helper.make_node("Relu", ["h1"], ["r1"], name="relu"),
+        helper.make_node("MatMul", ["r1", "W2"], ["h2"], name="mm2"),
+        helper.make_node("MatMul", ["h2", "W_shared"], ["h3"], name="mm3"),
+        helper.make_node("Softmax", ["W_shared"], ["sw"], name="sm", axis=-1),
+        helper.make_node("MatMul", ["h3", "sw"], ["y"], name="mm4"),
+    ]
+    inits = [init(n, (RNG.standard_normal((64, 64)) * 0.2).astype(np.float32)) for n in ("W1", "W2", "W_shared")]
+    m = model(nodes, [value("x", shape=(4, 64))], [value("y", shape=(4, 64))], inits)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "model.onnx"
+    onnx.save(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location="weights.bin", size_threshold=1024)
+    return path
+
+
+def run_path(path: Path, x: np.ndarray) -> np.ndarray:
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+@pytest.fixture
+def source(tmp_path) -> Path:
+    return build(tmp_path / "in")
+
+
+def test_external_input_gives_external_output_with_half_the_data(source, tmp_path):
+    before = {p.name: p.read_bytes() for p in source.parent.iterdir()}
+    out = tmp_path / "out" / "model.fp16.onnx"
+    out.parent.mkdir()
+    proc = cli(str(source), "--level", "O2", "-o", str(out), "--samples", "2")
+    assert proc.returncode == 0, proc.stderr
+    data = out.with_name("model.fp16.onnx.data")
+    assert data.is_file()
+    converted = onnx.load(str(out), load_external_data=False)
+    tensors = {t.name: t for t in converted.graph.initializer}
+    assert all(is_external(t) and external_info(t)["location"] == data.name for t in tensors.values())
+    assert tensors["W1"].data_type == onnx.TensorProto.FLOAT16
+    assert tensors["W_shared"].data_type == onnx.TensorProto.FLOAT  # shared with the fp32 Softmax: copied as it was
+    fp32_bytes = (source.parent / "weights.bin").stat().st_size
+    assert data.stat().st_size < 0.9 * fp32_bytes  # two of three weights halved
+    onnx.checker.check_model(str(out), full_check=True)
+    loaded = onnx.load(str(out))
+    original = onnx.load(str(source))
+    shared = {t.name: numpy_helper.to_array(t) for t in loaded.graph.initializer}
+    original_shared = next(t for t in original.graph.initializer if t.name == "W_shared")
+    assert np.array_equal(shared["W_shared"], numpy_helper.to_array(original_shared))
+    x = RNG.standard_normal((4, 64)).astype(np.float32)
+    ref, got = run_path(source, x), run_path(out, x)
+    assert np.max(np.abs(ref - got)) <= 1e-2 * np.max(np.abs(ref)) + 1e-3
+    assert {p.name: p.read_bytes() for p in source.parent.iterdir()} == before  # input untouched
+
+
+def test_external_data_never_writes_one_file(source, tmp_path):
+    out = tmp_path / "single.onnx"
+    proc = cli(str(source), "-o", str(out), "--external-data", "never", "--no-validate")
+    assert proc.returncode == 0, proc.stderr
+    assert not out.with_name("single.onnx.data").exists()
+    assert not any(is_external(t) for t in onnx.load(str(out)).graph.initializer)
+
+
+def test_external_data_always_on_an_inline_model(tmp_path):
+    inline = tmp_path / "inline.onnx"
+    m = onnx.load(str(build(tmp_path / "src")))
+    onnx.load_external_data_for_model(m, str(tmp_path / "src"))
+    onnx.save(m, str(inline))
+    out = tmp_path / "ext.onnx"
+    proc = cli(str(inline), "-o", str(out), "--external-data", "always", "--no-validate")
+    assert proc.returncode == 0, proc.stderr
+    assert out.with_name("ext.onnx.data").is_file()
+    onnx.checker.check_model(str(out), full_check=True)
+
+
+def test_lazy_load_keeps_tensors_on_disk(source):
+    from amp_convert.load import load_model
+
+    lazy = load_model(source, lazy_external=True)
+    assert all(is_external(t) for t in lazy.graph.initializer)
+    eager = load_model(source)
+    assert not any(is_external(t) for t in eager.graph.initializer)
