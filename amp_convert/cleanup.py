@@ -104,8 +104,8 @@ def _find_redundant(
                 if types.get(origin) == to and (to, _cast_to(first)) in EXACT_WIDENINGS:
                     renames[out] = origin
                     candidates.add(source)
-        elif op in GRAPH_OPS or node.domain not in ("", "ai.onnx"):
-            for _, sub in node_subgraphs(node):
+        else:
+            for sub in _bodies(node):
                 _find_redundant(sub, types, casts, renames, candidates)
 
 
@@ -121,14 +121,21 @@ def _apply_renames(graph: onnx.GraphProto, renames: dict[str, str]) -> None:
         for slot, name in enumerate(node.input):
             if name in renames:
                 node.input[slot] = _resolve(name, renames)
-        for _, sub in node_subgraphs(node):
+        for sub in _bodies(node):
             _apply_renames(sub, renames)
+
+
+def _bodies(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """Subgraphs of a node; only these ops (and custom-domain ones) have any."""
+    if node.op_type in GRAPH_OPS or node.domain not in ("", "ai.onnx"):
+        return [g for _, g in node_subgraphs(node)]
+    return []
 
 
 def _used_names(graph: onnx.GraphProto, into: set[str]) -> set[str]:
     for node in graph.node:
         into.update(node.input)
-        for _, sub in node_subgraphs(node):
+        for sub in _bodies(node):
             _used_names(sub, into)
     into.update(v.name for v in graph.output)
     return into
@@ -138,7 +145,7 @@ def _remove_unused_casts(graph: onnx.GraphProto, candidates: set[str], outer_use
     used = _used_names(graph, set(outer_used))
     removed = 0
     for node in graph.node:
-        for _, sub in node_subgraphs(node):
+        for sub in _bodies(node):
             removed += _remove_unused_casts(sub, candidates, used)
     keep = [n for n in graph.node if not (n.op_type == "Cast" and n.output[0] in candidates and n.output[0] not in used)]
     if len(keep) != len(graph.node):
@@ -151,8 +158,9 @@ def _remove_unused_casts(graph: onnx.GraphProto, candidates: set[str], outer_use
 def _count_casts(graph: onnx.GraphProto) -> int:
     n = 0
     for node in graph.node:
-        n += node.op_type == "Cast"
-        for _, sub in node_subgraphs(node):
+        op = node.op_type
+        n += op == "Cast"
+        for sub in _bodies(node):
             n += _count_casts(sub)
     return n
 

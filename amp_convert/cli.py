@@ -405,7 +405,7 @@ def validation_options(f):
 def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     """Convert MODEL to mixed precision, validate it, report, save."""
     from .check import check_file
-    from .external import has_external, payload_bytes
+    from .external import external_files, payload_bytes
     from .load import load_model
     from .pipeline import convert
     from .save import check_output_path, save_model, write_text
@@ -423,9 +423,10 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
             _check_output_path(model, target)
             check_output_path(target)
     folder = model.parent
-    input_external = has_external(reference)
+    input_files = external_files(reference)
+    input_external = bool(input_files)
     node_count = len(reference.graph.node)
-    size_before = _model_bytes(model, reference)
+    size_before = model.stat().st_size + sum((folder / f).stat().st_size for f in input_files if (folder / f).is_file())
     source = _input_source(reference, kw) if kw["validate"] else None
     calibration = _calibration(reference, source, options, kw, auto, folder)
     searched = None
@@ -445,7 +446,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     passed = validation is None or validation.passed
     exit_code = EXIT_OK if passed else EXIT_TOLERANCE
     write = passed or kw["write_on_fail"]
-    size_after = payload_bytes(result.model)
+    size_after = payload_bytes(result.model) if input_external else result.model.ByteSize()
     if write:
         mode = kw["external_data"]
         external = mode == "always" or (mode == "auto" and (input_external or size_after > PROTOBUF_LIMIT))
@@ -456,7 +457,8 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
                 check_file(path, kw["check"])
 
         save_model(result.model, output, external=external, source_dir=folder, before_commit=verify)
-        size_after = _model_bytes(output, result.model)
+        data = output.with_name(f"{output.name}.data")
+        size_after = output.stat().st_size + (data.stat().st_size if external and data.is_file() else 0)
     timings = dict(result.timings)
     if validation is not None:
         timings["validate"] = validation.seconds
@@ -493,14 +495,6 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         )
     if exit_code:
         raise click.exceptions.Exit(exit_code)
-
-
-def _model_bytes(path: Path, model) -> int:
-    """Size on disk: the .onnx file and the external data files it refers to."""
-    from .external import all_initializers, external_info, is_external
-
-    files = {external_info(t).get("location") for t in all_initializers(model.graph) if is_external(t)}
-    return path.stat().st_size + sum((path.parent / f).stat().st_size for f in files if f and (path.parent / f).is_file())
 
 
 def _conversion_options(kw: dict) -> ConvertOptions:

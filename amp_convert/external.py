@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .graph import node_subgraphs
+from .graph import GRAPH_OPS, node_subgraphs
 
 PROTOBUF_LIMIT = 2**31 - 1  # a ModelProto cannot serialize past 2 GB
 CHUNK = 64 << 20
@@ -50,12 +50,40 @@ def all_initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     """Initializers of a graph and of all its subgraphs."""
     yield from graph.initializer
     for node in graph.node:
-        for _, sub in node_subgraphs(node):
-            yield from all_initializers(sub)
+        if node.op_type in GRAPH_OPS or node.domain not in ("", "ai.onnx"):
+            for _, sub in node_subgraphs(node):
+                yield from all_initializers(sub)
+
+
+def all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Initializers and tensor attributes (Constant values ...), subgraphs
+    included: every tensor that can hold external data."""
+    yield from graph.initializer
+    for node in graph.node:
+        if node.op_type in GRAPH_OPS or node.domain not in ("", "ai.onnx") or node.op_type in _TENSOR_ATTRIBUTE_OPS:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.TENSOR:
+                    yield a.t
+                elif a.type == onnx.AttributeProto.TENSORS:
+                    yield from a.tensors
+                elif a.type == onnx.AttributeProto.GRAPH:
+                    yield from all_tensors(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    for g in a.graphs:
+                        yield from all_tensors(g)
+
+
+# Default-domain ops with tensor attributes.
+_TENSOR_ATTRIBUTE_OPS = frozenset({"Constant", "ConstantOfShape"})
 
 
 def has_external(model: onnx.ModelProto) -> bool:
     return any(is_external(t) for t in all_initializers(model.graph))
+
+
+def external_files(model: onnx.ModelProto) -> set[str]:
+    """The external data files (locations) the model's initializers refer to."""
+    return {external_info(t).get("location", "") for t in all_initializers(model.graph) if is_external(t)}
 
 
 def payload_bytes(model: onnx.ModelProto) -> int:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from .errors import AmpError
+
 SUBGRAPH_ATTRIBUTE_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 GRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
@@ -114,6 +116,7 @@ def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext |
         if op in GRAPH_OPS or (node.domain not in ("", "ai.onnx") and len(node.attribute)):
             containers.append(i)
     producer.pop("", None)
+    _check_utf8(ctx, ops)
     for i in containers:
         node = ctx.nodes[i]
         if not any(a.type in SUBGRAPH_ATTRIBUTE_TYPES for a in node.attribute):
@@ -130,6 +133,15 @@ def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext |
     read = set(consumers) | set(ctx.captured_by)
     ctx.free_names = {n for n in read if not ctx.defines(n)}
     return ctx
+
+
+def _check_utf8(ctx: GraphContext, ops: list) -> None:
+    """ONNX names are UTF-8; protobuf hands invalid ones back as bytes, which
+    no later stage can handle. (One pass over the index, not the proto.)"""
+    for names in (ctx.producer, ctx.consumers, ctx.input_names, ctx.output_names, ctx.initializers, ops):
+        for name in names:
+            if type(name) is not str:
+                raise AmpError(f"the model holds the name {name!r}, which is not valid UTF-8 (a corrupt file?)")
 
 
 def tensor_names(root: GraphContext) -> set[str]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
@@ -22,6 +22,7 @@ import onnx.defs
 import onnx.shape_inference
 
 from .errors import AmpError
+from .external import all_tensors
 from .schema import model_opsets
 
 MIN_IR_VERSION = 3
@@ -65,7 +66,6 @@ def load_model(path: str | os.PathLike, *, lazy_external: bool = False) -> onnx.
     data = _read(p)
     _remember_input(p)
     model = _parse(p, data)
-    check_names(model, str(p))
     check_versions(model, str(p))
     external = list(_external_tensors(model))
     if external:
@@ -178,48 +178,11 @@ def check_input_model(model: onnx.ModelProto | bytes | str, label: str, *, full_
         raise AmpError(f"{label}: the input model {what}: {_detail(e)} ({_REEXPORT})") from None
 
 
-def check_names(model: onnx.ModelProto, label: str) -> None:
-    """Every name must be UTF-8 (the ONNX spec's strings are): protobuf hands
-    invalid ones back as bytes, which the rewriter cannot name Casts after."""
-
-    def bad(values: Iterable) -> object | None:
-        for v in values:
-            if not isinstance(v, str):
-                return v
-        return None
-
-    def visit(graph: onnx.GraphProto) -> object | None:
-        found = bad((graph.name,)) or bad(v.name for v in graph.input) or bad(v.name for v in graph.output)
-        found = found or bad(v.name for v in graph.value_info) or bad(t.name for t in graph.initializer)
-        if found:
-            return found
-        for node in graph.node:
-            found = bad((node.op_type, node.domain, node.name)) or bad(node.input) or bad(node.output)
-            if found:
-                return found
-            for a in node.attribute:
-                if not isinstance(a.name, str):
-                    return a.name
-                if a.type == onnx.AttributeProto.GRAPH:
-                    found = visit(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    found = next((f for f in map(visit, a.graphs) if f), None)
-                if found:
-                    return found
-        return None
-
-    found = visit(model.graph) or bad(o.domain for o in model.opset_import)
-    if found is not None:
-        raise AmpError(f"{label}: the name {_detail(found)} is not valid UTF-8 (a corrupt file?); ONNX names must be UTF-8")
-
-
 # ----------------------------------------------------------- external data
 
 
 def _external_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    from onnx.external_data_helper import _get_all_tensors
-
-    for t in _get_all_tensors(model):
+    for t in all_tensors(model.graph):
         if t.data_location == onnx.TensorProto.EXTERNAL:
             yield t
 

@@ -20,7 +20,7 @@ from .calibrate import Calibration
 from .check import check_converted
 from .cleanup import clean_up, count_casts
 from .errors import ConversionError
-from .external import has_external
+from .external import has_external, is_external
 from .graph import NameGenerator, build_context, tensor_names
 from .load import check_input_model, check_versions, load_model
 from .opset import upgrade_opset
@@ -167,7 +167,8 @@ def _convert(
         timer.lap("cleanup")
     # A model that still refers to external data is checked as a file, once written.
     try:
-        result.check_deferred = check != "none" and (has_external(work) or not check_converted(work, check))
+        still_external = any(is_external(t) for c in ctx.walk() for t in c.initializers.values())
+        result.check_deferred = check != "none" and (still_external or not check_converted(work, check))
     except ConversionError:
         if check == "full" and not in_place:
             # Blame the input when it already fails the full check (strict shape inference).

@@ -27,6 +27,7 @@ pass). Subgraphs are planned after their parent's forward pass.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -35,6 +36,7 @@ import onnx
 
 from .calibrate import Calibration
 from .dtypes import FLOAT, LowDtype
+from .errors import AmpError
 from .graph import GraphContext
 from .lists import (
     CONTROL_FLOW_OPS,
@@ -99,10 +101,8 @@ class Plan:
         raise KeyError(name)
 
     def counts(self) -> dict[str, int]:
-        out = {p.value: 0 for p in Precision}
-        for e in self:
-            out[e.precision.value] += 1
-        return out
+        tally = Counter(e.precision for entries in self.entries.values() for e in entries)
+        return {p.value: tally.get(p, 0) for p in Precision}
 
     def as_dict(self) -> dict:
         return {
@@ -256,6 +256,8 @@ class Planner:
         default_domain = domain in ("", "ai.onnx")
         key = op if default_domain else op_key(op, domain)
         label = node.name or f"{op}_{i}"
+        if type(label) is not str or type(domain) is not str:
+            raise AmpError(f"the model holds the name {label!r}, which is not valid UTF-8 (a corrupt file?)")
         entry = PlanEntry(ctx.path, i, label, op, domain, Precision.FP32, "", "")
 
         def decided(precision: Precision, rule: str, reason: str, state: str = "fixed") -> tuple[PlanEntry, str]:
