@@ -264,9 +264,9 @@ def validation_options(f):
         ),
         click.option(
             "--per-node/--no-per-node",
-            default=True,
-            show_default=True,
-            help="Compare every intermediate tensor to find where error enters. Example: --no-per-node",
+            default=None,
+            help="Compare every intermediate tensor to find where error enters (default: on up to 20,000 tensors). "
+            "Example: --no-per-node",
         ),
         click.option("--top", type=int, default=10, show_default=True, help="Offending nodes to list. Example: --top 20"),
         click.option(

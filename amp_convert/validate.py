@@ -28,6 +28,9 @@ from .schema import model_opsets
 from .typeinfo import infer_types
 
 EMULATE_MODES = ("auto", "always", "never")
+# Exposing every tensor makes onnxruntime's session set-up grow faster than
+# the graph: above this many, the per-node diff is off unless asked for.
+PER_NODE_LIMIT = 20_000
 _EXPOSABLE = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
 
 
@@ -35,7 +38,7 @@ _EXPOSABLE = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, Tens
 class ValidationConfig:
     provider: str = "auto"
     emulate: str = "auto"
-    per_node: bool = True
+    per_node: bool | None = None  # None: on unless the graph has more than PER_NODE_LIMIT float tensors
     top: int = 10
     tolerance: Tolerance | None = None  # None: the default for the low dtype
 
@@ -84,6 +87,7 @@ class ValidationResult:
     nodes: list[NodeError] = field(default_factory=list)
     top: int = 10
     seconds: float = 0.0
+    per_node_note: str = ""
 
     @property
     def passed(self) -> bool:
@@ -111,6 +115,7 @@ class ValidationResult:
             "outputs": [o.as_dict(self.tolerance) for o in self.outputs],
             "offenders": [n.as_dict() for n in self.offenders()],
             "nodes": [n.as_dict() for n in self.nodes],
+            "per_node_note": self.per_node_note,
             "seconds": round(self.seconds, 4),
         }
 
@@ -175,7 +180,8 @@ class Validator:
             raise AmpError(f"the models' outputs differ: {self.output_names} vs {cand_outputs}")
 
         tensors: list[str] = []
-        if config.per_node:
+        per_node_note = ""
+        if config.per_node is not False:
             ref_ctx = self.ref_ctx
             tensors = [
                 name
@@ -187,6 +193,10 @@ class Validator:
                 and cand_ctx.types.get(name) in _EXPOSABLE
                 and name not in self.output_names
             ]
+            if config.per_node is None and len(tensors) > PER_NODE_LIMIT:
+                per_node_note = f"per-node diff skipped: {len(tensors)} tensors (over {PER_NODE_LIMIT}); --per-node forces it"
+                tensors = []
+        per_node = bool(tensors) or (config.per_node is not False and not per_node_note)
         cand_sess = session(expose(runnable, ((n, run_ctx.types[n]) for n in tensors)), self.provider, self.base_dir)
         out_stats = {n: ErrorStats(n) for n in self.output_names}
         tensor_stats = {n: ErrorStats(n, detailed=False) for n in tensors}
@@ -214,7 +224,8 @@ class Validator:
             list(out_stats.values()),
             top=config.top,
         )
-        if config.per_node:
+        result.per_node_note = per_node_note
+        if per_node:
             result.nodes = _node_errors(self.ref_ctx, cand_ctx, {**tensor_stats, **out_stats}, plan)
         result.seconds = time.perf_counter() - start
         return result

@@ -287,3 +287,16 @@ def test_html_report_opens_in_headless_chromium_with_the_chart(tmp_path):
     assert box is not None and box["width"] > 500 and box["height"] > 200
     assert marks == len(onnx.load(str(ROOT / "models" / "zoo" / "convnext.onnx")).graph.node)
     assert status == "passed" and rows > 1
+
+
+def test_per_node_diff_is_skipped_on_huge_graphs_unless_forced(monkeypatch):
+    import amp_convert.validate as validation
+
+    entry = ZOO["vit"]
+    reference = onnx.load(entry["path"])
+    low = convert(reference, level="O2").model
+    monkeypatch.setattr(validation, "PER_NODE_LIMIT", 10)
+    skipped = validate(reference, low, make_source(reference, samples=1), ValidationConfig(provider="cpu"))
+    assert skipped.nodes == [] and "per-node diff skipped" in skipped.per_node_note
+    forced = validate(reference, low, make_source(reference, samples=1), ValidationConfig(provider="cpu", per_node=True))
+    assert forced.nodes and forced.per_node_note == ""
