@@ -161,6 +161,7 @@ class Rewriter:
         entries = self.plan.entries[ctx.path]
         types, subgraphs, ops = ctx.types, ctx.subgraphs, ctx.ops
         output_producers = {ctx.producer[n] for n in ctx.output_names if n in ctx.producer}
+        is_main = ctx.parent is None
         for i, inputs in enumerate(ctx.ins):
             entry = entries[i]
             low_inputs = entry.low_inputs if entry.precision is Precision.LOW else ()
@@ -172,13 +173,10 @@ class Rewriter:
                 if t != FLOAT and t != low:
                     continue
                 need = low if slot in low_inputs else t
+                if need == changed.get(name, t) and (is_main or ctx.defines(name)):
+                    continue  # the tensor itself has the type this input needs
                 vs = versions.get(name)
-                if vs is not None and need in vs:
-                    current = vs[need]
-                elif vs is None and need == t and (not ctx.parent or ctx.defines(name)):
-                    continue  # unchanged tensor read in its own type
-                else:
-                    current = self._version(ctx, name, need, top, after)
+                current = vs[need] if vs is not None and need in vs else self._version(ctx, name, need, top, after)
                 if current != name:
                     ctx.nodes[i].input[slot] = current
             if subgraphs:
