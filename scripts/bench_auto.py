@@ -25,9 +25,11 @@ import onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from helpers import manifest_source  # noqa: E402
+from tables import print_table  # noqa: E402
 
 from amp_convert import ConvertOptions  # noqa: E402
 from amp_convert.auto import auto_convert, compute_weights  # noqa: E402
@@ -169,14 +171,7 @@ def main() -> None:
         "seconds",
         "casts",
     )
-    if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
-    else:
-        for row in [header, *rows]:
-            print(" | ".join(row))
+    print_table(header, rows, args.markdown)
 
 
 if __name__ == "__main__":

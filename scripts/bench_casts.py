@@ -23,6 +23,9 @@ import onnxruntime as ort
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from tables import print_table  # noqa: E402
 
 from amp_convert import convert  # noqa: E402
 from amp_convert.cleanup import count_casts  # noqa: E402
@@ -126,12 +129,8 @@ def main() -> None:
                 cell += f" (err {m['rel_err']})"
             row.append(cell)
         rows.append(row)
-        print(" | ".join(row) if not args.markdown else "", file=sys.stderr if args.markdown else sys.stdout, flush=True)
-    if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
+        print(" | ".join(row), file=sys.stderr, flush=True)
+    print_table(header, rows, args.markdown)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,9 @@ import onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from tables import print_table  # noqa: E402
 
 from amp_convert import convert  # noqa: E402
 from amp_convert.runner import choose_provider  # noqa: E402
@@ -148,14 +151,7 @@ def main() -> None:
             print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
     header = ("model", "inputs", "conversion", "dtype", "median ms", "vs fp32")
     print(f"provider: {provider} ({why})")
-    if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
-    else:
-        for row in [header, *rows]:
-            print(" | ".join(row))
+    print_table(header, rows, args.markdown)
 
 
 if __name__ == "__main__":
