@@ -7,8 +7,10 @@ argument groups). Every user error is one line on stderr and exit code 2;
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -435,9 +437,16 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         result, validation = searched.conversion, searched.validation
     else:
         # Without validation the fp32 model is not needed afterwards: convert it in place.
-        result = convert(
-            reference, options, check=kw["check"], calibration=calibration, in_place=source is None, external_dir=folder
-        )
+        with _stage_line(kw) as on_stage:
+            result = convert(
+                reference,
+                options,
+                check=kw["check"],
+                calibration=calibration,
+                in_place=source is None,
+                external_dir=folder,
+                on_stage=on_stage,
+            )
         validation = _validate(reference, result.model, source, kw, result.plan, folder) if source is not None else None
     if kw["explain"] and not kw["json_out"]:
         click.echo(result.plan.format_table())
@@ -495,6 +504,24 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         )
     if exit_code:
         raise click.exceptions.Exit(exit_code)
+
+
+@contextlib.contextmanager
+def _stage_line(kw: dict):
+    """On a terminal, one status line that names the stage done (large graphs
+    take seconds); nothing under --quiet, --json or when not a terminal."""
+    if kw["quiet"] or kw["json_out"] or not sys.stderr.isatty():
+        yield None
+        return
+    started = time.perf_counter()
+
+    def show(stage: str) -> None:
+        click.echo(f"\r\033[Kconverting: {stage} done ({time.perf_counter() - started:.1f} s)", err=True, nl=False)
+
+    try:
+        yield show
+    finally:
+        click.echo("\r\033[K", err=True, nl=False)
 
 
 def _conversion_options(kw: dict) -> ConvertOptions:

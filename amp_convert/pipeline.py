@@ -10,7 +10,7 @@ import contextlib
 import gc
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,14 +65,19 @@ class ConversionResult:
 
 
 class _Timer:
-    def __init__(self) -> None:
+    """Times the stages; tells ``on_stage`` (the CLI's progress line) each one done."""
+
+    def __init__(self, on_stage: Callable[[str], None] | None = None) -> None:
         self.timings: dict[str, float] = {}
         self._t = time.perf_counter()
+        self.on_stage = on_stage
 
     def lap(self, stage: str) -> None:
         now = time.perf_counter()
         self.timings[stage] = self.timings.get(stage, 0.0) + now - self._t
         self._t = now
+        if self.on_stage is not None:
+            self.on_stage(stage)
 
 
 def load_input(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
@@ -111,6 +116,7 @@ def convert(
     calibration: Calibration | None = None,
     in_place: bool = False,
     external_dir: str | os.PathLike | None = None,
+    on_stage: Callable[[str], None] | None = None,
     **option_values,
 ) -> ConversionResult:
     """Convert an fp32 model to mixed precision.
@@ -131,13 +137,18 @@ def convert(
     options = (options or ConvertOptions(**_tuples(option_values))).validated()
     base_dir = Path(external_dir) if external_dir is not None else None
     with _no_cyclic_gc():
-        return _convert(model, options, check, calibration, in_place, base_dir)
+        return _convert(model, options, check, calibration, in_place, base_dir, _Timer(on_stage))
 
 
 def _convert(
-    model, options: ConvertOptions, check: str, calibration: Calibration | None, in_place: bool, base_dir: Path | None
+    model,
+    options: ConvertOptions,
+    check: str,
+    calibration: Calibration | None,
+    in_place: bool,
+    base_dir: Path | None,
+    timer: _Timer,
 ) -> ConversionResult:
-    timer = _Timer()
     work = model if in_place and isinstance(model, onnx.ModelProto) else load_input(model)
     timer.lap("load")
     casts_before = count_casts(work)
