@@ -8,7 +8,7 @@ import os
 import onnx
 
 from .errors import ConversionError
-from .external import PROTOBUF_LIMIT
+from .external import PROTOBUF_LIMIT, payload_bytes
 
 CHECK_MODES = ("full", "basic", "none")
 
@@ -20,16 +20,27 @@ def check_converted(model: onnx.ModelProto, mode: str = "full") -> bool:
     written file with :func:`check_file`."""
     if mode == "none":
         return True
-    if model.ByteSize() > PROTOBUF_LIMIT:
+    if payload_bytes(model) > PROTOBUF_LIMIT:
         return False
     _run_checker(model, mode)
     return True
 
 
 def check_file(path: str | os.PathLike, mode: str = "full") -> None:
-    """The checker on a written model (external data resolved beside it)."""
-    if mode != "none":
-        _run_checker(os.fspath(path), mode)
+    """The checker on a written model (external data resolved beside it).
+    The full check is the basic check on the file plus strict shape inference
+    on the graph without its tensor data (onnx's own full check would read all
+    the external data into memory)."""
+    if mode == "none":
+        return
+    _run_checker(os.fspath(path), "basic")
+    if mode == "full":
+        try:
+            graph_only = onnx.load(os.fspath(path), load_external_data=False)
+            onnx.shape_inference.infer_shapes(graph_only, strict_mode=True)
+        except (onnx.shape_inference.InferenceError, ValueError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConversionError(f"the converted model fails the ONNX checker: {first}") from e
 
 
 def _run_checker(model: onnx.ModelProto | str, mode: str) -> None:

@@ -455,7 +455,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     passed = validation is None or validation.passed
     exit_code = EXIT_OK if passed else EXIT_TOLERANCE
     write = passed or kw["write_on_fail"]
-    size_after = payload_bytes(result.model) if input_external else result.model.ByteSize()
+    size_after = payload_bytes(result.model)
     if write:
         mode = kw["external_data"]
         external = mode == "always" or (mode == "auto" and (input_external or size_after > PROTOBUF_LIMIT))

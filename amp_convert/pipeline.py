@@ -176,10 +176,11 @@ def _convert(
         types.update(rewriter.retyped)
         result.cleanup = clean_up(work, types)
         timer.lap("cleanup")
-    # A model that still refers to external data is checked as a file, once written.
+    # A model read from external data is checked as a file once written: the
+    # in-memory checker would need its data, and a serialized copy of it.
     try:
-        still_external = any(is_external(t) for c in ctx.walk() for t in c.initializers.values())
-        result.check_deferred = check != "none" and (still_external or not check_converted(work, check))
+        from_files = base_dir is not None or any(is_external(t) for c in ctx.walk() for t in c.initializers.values())
+        result.check_deferred = check != "none" and (from_files or not check_converted(work, check))
     except ConversionError:
         if check == "full" and not in_place:
             # Blame the input when it already fails the full check (strict shape inference).

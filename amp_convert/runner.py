@@ -13,7 +13,7 @@ import onnx
 from onnx import helper
 
 from .errors import AmpError
-from .external import PROTOBUF_LIMIT, has_external, write_with_external_data
+from .external import PROTOBUF_LIMIT, has_external, payload_bytes, write_with_external_data
 
 PROVIDERS = ("auto", "cuda", "cpu")
 _CUDA = "CUDAExecutionProvider"
@@ -77,7 +77,7 @@ def session(model: onnx.ModelProto, provider: str, base_dir: str | os.PathLike |
     options = ort.SessionOptions()
     options.log_severity_level = 3
     try:
-        if not has_external(model) and model.ByteSize() < PROTOBUF_LIMIT:
+        if not has_external(model) and payload_bytes(model) < PROTOBUF_LIMIT:
             return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
         with tempfile.TemporaryDirectory(prefix="amp-convert-") as folder:
             path = Path(folder) / "model.onnx"

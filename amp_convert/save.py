@@ -25,7 +25,7 @@ import onnx
 from onnx.external_data_helper import load_external_data_for_model
 
 from .errors import AmpError
-from .external import PROTOBUF_LIMIT, has_external, write_with_external_data
+from .external import PROTOBUF_LIMIT, has_external, payload_bytes, write_with_external_data
 from .load import is_input_file
 
 _CAUGHT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
@@ -195,7 +195,7 @@ def save_model(
     if not external:
         if has_external(model):
             load_external_data_for_model(model, str(source or target.parent))
-        if model.ByteSize() > PROTOBUF_LIMIT:
+        if payload_bytes(model) > PROTOBUF_LIMIT:
             raise AmpError(
                 f"{path}: the converted model is over 2 GiB, more than a single .onnx file can hold; "
                 "use --external-data auto or always; nothing was written"
