@@ -162,8 +162,11 @@ class Rewriter:
         types, subgraphs, ops = ctx.types, ctx.subgraphs, ctx.ops
         output_producers = {ctx.producer[n] for n in ctx.output_names if n in ctx.producer}
         is_main = ctx.parent is None
+        unchanged = Precision.UNCHANGED
         for i, inputs in enumerate(ctx.ins):
             entry = entries[i]
+            if entry.precision is unchanged and not subgraphs:
+                continue  # no float32 tensor in, none out: every input is read as it is
             low_inputs = entry.low_inputs if entry.precision is Precision.LOW else ()
             agnostic = DTYPE_AGNOSTIC_INPUTS.get(ops[i], ())
             for slot, name in enumerate(inputs):
