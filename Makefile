@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 ZOOVENV ?= .venv-zoo
 
-.PHONY: setup demo test lint pypi-models browser zoo zoo-full bench fuzz clean
+.PHONY: setup demo test lint pypi-models browser zoo zoo-full bench bench-casts bench-convert bench-auto bench-latency fuzz clean
 
 setup: $(VENV)/.installed
 
@@ -54,8 +54,21 @@ zoo-full: $(ZOOVENV)/.installed
 fuzz: setup
 	AMP_FUZZ_EXAMPLES=$${AMP_FUZZ_EXAMPLES:-5000} $(BIN)/python -m pytest -q tests/test_fuzz.py -k "random_graphs or random_options"
 
-bench: setup pypi-models
+# Every benchmark; each prints its tables (figures in BENCHMARKS.md).
+bench: bench-casts bench-convert bench-auto bench-latency
+
+bench-casts: setup pypi-models
 	$(BIN)/python scripts/bench_casts.py
+
+# Synthetic 2k-100k-node graphs, the 3 GB external-data model and the zoo (models built and cached on first run).
+bench-convert: setup pypi-models
+	$(BIN)/python scripts/bench_convert.py --kinds transformer,conv --big --zoo
+
+bench-auto: setup pypi-models
+	$(BIN)/python scripts/bench_auto.py
+
+bench-latency: setup pypi-models
+	$(BIN)/python scripts/bench_latency.py
 
 clean:
 	rm -rf out .pytest_cache

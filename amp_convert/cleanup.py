@@ -159,9 +159,10 @@ def _count_casts(graph: onnx.GraphProto) -> int:
     n = 0
     for node in graph.node:
         op = node.op_type
-        n += op == "Cast"
-        for sub in _bodies(node):
-            n += _count_casts(sub)
+        if op == "Cast":
+            n += 1
+        elif op in GRAPH_OPS or node.domain not in ("", "ai.onnx"):
+            n += sum(_count_casts(sub) for sub in _bodies(node))
     return n
 
 

@@ -465,7 +465,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
             if deferred:  # too large to check in memory: check the written file before it replaces anything
                 check_file(path, kw["check"])
 
-        save_model(result.model, output, external=external, source_dir=folder, before_commit=verify)
+        save_model(result.model, output, external=external, source_dir=folder, before_commit=verify, size=size_after)
         data = output.with_name(f"{output.name}.data")
         size_after = output.stat().st_size + (data.stat().st_size if external and data.is_file() else 0)
     timings = dict(result.timings)

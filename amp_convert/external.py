@@ -91,15 +91,14 @@ def payload_bytes(model: onnx.ModelProto) -> int:
     included) plus the rest. Measuring a protobuf message serializes it, so a
     model whose tensors alone pass a gigabyte is not measured: its tensor
     bytes are the answer (a lower bound, which is all a 2 GB test needs)."""
-    tensors = 0
+    inline = external = 0
     for t in all_tensors(model.graph):
-        if is_external(t):
-            tensors += int(external_info(t).get("length", 0) or 0)
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            external += int(external_info(t).get("length", 0) or 0)
         else:
-            tensors += len(t.raw_data)
-    if tensors > 1 << 30:
-        return tensors
-    external = sum(int(external_info(t).get("length", 0) or 0) for t in all_tensors(model.graph) if is_external(t))
+            inline += len(t.raw_data)
+    if inline + external > 1 << 30:
+        return inline + external
     return model.ByteSize() + external
 
 

@@ -25,6 +25,7 @@ class GraphContext:
     graph: onnx.GraphProto
     path: str  # "" for the main graph, "node/attr" for subgraphs
     parent: GraphContext | None
+    owner: int = -1  # index, in the parent, of the node whose body this is
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     # Plain-list copies of each node's inputs, outputs and op type: reading
     # protobuf fields costs a wrapper per access, and every stage reads them.
@@ -86,9 +87,9 @@ def node_subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]
                 yield f"{attr.name}[{i}]", g
 
 
-def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext | None = None) -> GraphContext:
+def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext | None = None, owner: int = -1) -> GraphContext:
     """Index ``graph`` and, recursively, its subgraphs."""
-    ctx = GraphContext(graph=graph, path=path, parent=parent)
+    ctx = GraphContext(graph=graph, path=path, parent=parent, owner=owner)
     ctx.nodes = list(graph.node)
     ctx.input_names = [v.name for v in graph.input]
     ctx.input_set = set(ctx.input_names)
@@ -124,7 +125,7 @@ def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext |
         label = node.name or f"{node.op_type}_{i}"
         subs = []
         for attr_name, g in node_subgraphs(node):
-            sub = build_context(g, f"{path}/{label}/{attr_name}" if path else f"{label}/{attr_name}", ctx)
+            sub = build_context(g, f"{path}/{label}/{attr_name}" if path else f"{label}/{attr_name}", ctx, i)
             subs.append(sub)
             for name in sub.free_names:
                 ctx.captured_by.setdefault(name, []).append(i)

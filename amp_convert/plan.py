@@ -158,12 +158,23 @@ class Demand:
         return ctx.type_of(node.input[slot])
 
     def output_type(self, ctx: GraphContext, name: str) -> int:
-        """Type a graph output must have: its declared type, or low for
-        ``--io-types low`` on the main graph."""
+        """Type a graph output must have: its declared type, low for
+        ``--io-types low`` on the main graph, and low for a branch output
+        that its If hands on low."""
         declared = ctx.type_of(name)
-        if ctx.parent is None and self.io_low and declared == FLOAT:
-            return self.low.onnx_type
-        return declared
+        if declared != FLOAT:
+            return declared
+        if ctx.parent is None:
+            return self.low.onnx_type if self.io_low else declared
+        return self.low.onnx_type if ctx.output_names.index(name) in self.low_output_positions(ctx) else declared
+
+    def low_output_positions(self, body: GraphContext) -> tuple[int, ...]:
+        """Positions of a subgraph's outputs that its owner node hands on low."""
+        owner = self.plan.entries.get(body.parent.path) if body.parent is not None else None
+        if owner is None or body.owner >= len(owner):
+            return ()
+        entry = owner[body.owner]
+        return entry.low_outputs if entry.precision is Precision.LOW and entry.op_type == "If" else ()
 
     def requirements(self, ctx: GraphContext, name: str) -> set[int]:
         """Element types that the readers of ``name`` in ``ctx`` (and in the
@@ -233,6 +244,7 @@ class Planner:
         # Float32 input and output slots of every node, found once and shared by all rules.
         self._float_slots = floats = [_float_slots(ctx, i) for i in range(len(ctx.nodes))]
         pending: list[int] = []  # neutral follow nodes and sources, resolved backwards
+        subgraphs = ctx.subgraphs
         for i in range(len(ctx.nodes)):
             entry, state = self._classify(ctx, i)
             entries.append(entry)
@@ -240,11 +252,13 @@ class Planner:
                 state = NEUTRAL
             if state in (NEUTRAL, _SOURCE):
                 pending.append(i)
+            if i in subgraphs:  # bodies are planned where they run: outer values they read have their states
+                for sub in subgraphs[i]:
+                    self._plan_graph(sub)
+                self._float_slots = floats
+                if ctx.ops[i] == "If" and entry.rule == "control-flow":
+                    self._lower_if_outputs(ctx, i, entry)
             self._record_output_states(ctx, i, entry, neutral=state in (NEUTRAL, _SOURCE))
-        for subs in ctx.subgraphs.values():
-            for sub in subs:
-                self._plan_graph(sub)
-        self._float_slots = floats
         for i in reversed(pending):
             self._resolve_from_consumers(ctx, i, entries[i])
 
@@ -344,6 +358,29 @@ class Planner:
         entry.precision = Precision.LOW
         entry.low_inputs, entry.low_outputs = low_inputs, low_outputs
         return entry
+
+    def _lower_if_outputs(self, ctx: GraphContext, i: int, entry: PlanEntry) -> None:
+        """An If output that every branch produces low is low itself: its
+        branches hand over their low tensors, and a Cast after the If (only
+        where a reader needs fp32) replaces one per branch back to fp32."""
+        branches = ctx.subgraphs[i]
+        low_outputs = []
+        for k, name in enumerate(ctx.outs[i]):
+            if not name or ctx.types.get(name) != FLOAT:
+                continue
+            if all(self._low_branch_output(body, k) for body in branches):
+                low_outputs.append(k)
+        if low_outputs:
+            entry.precision, entry.low_outputs = Precision.LOW, tuple(low_outputs)
+            listed = ", ".join(map(str, low_outputs))
+            entry.reason = f"every branch produces output{'s' if len(low_outputs) > 1 else ''} {listed} low"
+
+    def _low_branch_output(self, body: GraphContext, k: int) -> bool:
+        names = body.output_names
+        if k >= len(names) or body.types.get(names[k], body.type_of(names[k])) != FLOAT:
+            return False
+        # A name listed twice could need two types at once.
+        return self.states.get(names[k]) is LOW and names.count(names[k]) == 1
 
     # ------------------------------------------------------- follow / neutral
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .plan import Precision
 
 SCHEMA_ID = "amp-convert-report"
 SCHEMA_VERSION = 1
@@ -45,9 +46,10 @@ def build_report(
     if conversion is not None:
         rules: dict[str, int] = {}
         low_ops: dict[str, int] = {}
+        low = Precision.LOW
         for e in conversion.plan:
             rules[e.rule] = rules.get(e.rule, 0) + 1
-            if e.precision.value == "low":
+            if e.precision is low:
                 low_ops[e.op_type] = low_ops.get(e.op_type, 0) + 1
         plan = {
             "level": conversion.plan.level,

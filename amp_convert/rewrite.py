@@ -107,6 +107,41 @@ def lower_tensor(
     tensor.CopyFrom(new)
 
 
+def lower_small_tensors(tensors: list[onnx.TensorProto], low: LowDtype, stats: RewriteStats) -> None:
+    """:func:`lower_tensor` for many small raw float32 tensors in one numpy
+    pass: graphs with tens of thousands of small weights would otherwise pay
+    numpy's per-call overhead for each. Values out of range (rare) send the
+    batch through the tensor-by-tensor path, which clips and counts them."""
+    if not tensors:
+        return
+    arrays = [np.frombuffer(t.raw_data, dtype="<f4") for t in tensors]
+    flat = np.concatenate(arrays)
+    if not np.abs(flat).max() <= low.max:  # (also true for NaN)
+        for t in tensors:
+            lower_tensor(t, low, stats)
+        return
+    out = flat.astype(low.numpy)
+    sizes = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+    ends = np.cumsum(sizes)
+    flushed = (flat != 0) & (out == 0)
+    if flushed.any():
+        counts = np.add.reduceat(flushed, ends - sizes)
+        for t, n in zip(tensors, counts.tolist(), strict=True):
+            if n:
+                stats.flushed[t.name] = stats.flushed.get(t.name, 0) + n
+    data = out.tobytes()
+    width = out.itemsize
+    start = 0
+    for t, end in zip(tensors, ends.tolist(), strict=True):
+        t.raw_data = data[start * width : end * width]
+        t.data_type = low.onnx_type
+        start = end
+
+
+def _batchable(tensor: onnx.TensorProto, most: int = 1 << 16) -> bool:
+    return tensor.data_location != onnx.TensorProto.EXTERNAL and 0 < len(tensor.raw_data) <= 4 * most
+
+
 # Ops whose attributes fix their output type: rewritten when they run low.
 REWRITTEN_OPS = frozenset(DTYPE_ATTRIBUTE_OPS) | VALUE_ATTRIBUTE_OPS
 
@@ -146,17 +181,22 @@ class Rewriter:
                     value.type.tensor_type.elem_type = low
                     versions[value.name] = {low: value.name}
                     changed[value.name] = low
+        batch: list[onnx.TensorProto] = []
         for name, tensor in ctx.initializers.items():
             if tensor.data_type != FLOAT:
                 continue
             wants = self.demand.requirements(ctx, name)
             if wants == {low} and name not in ctx.input_set:  # (an initializer listed as an input keeps its declared type)
-                lower_tensor(tensor, self.low, self.stats, base_dir=self.base_dir)
+                if _batchable(tensor):
+                    batch.append(tensor)
+                else:
+                    lower_tensor(tensor, self.low, self.stats, base_dir=self.base_dir)
                 versions[name] = {low: name}
                 changed[name] = low
                 self.stats.initializers_lowered += 1
             elif low in wants:
                 self.stats.initializers_shared += 1
+        lower_small_tensors(batch, self.low, self.stats)
 
         entries = self.plan.entries[ctx.path]
         types, subgraphs, ops = ctx.types, ctx.subgraphs, ctx.ops
@@ -196,6 +236,11 @@ class Rewriter:
                 self._fix_graph_outputs(ctx, i, ctx.nodes[i], changed, after)
         if ctx.parent is not None:
             self._fix_passthrough_outputs(ctx, top, after)
+            for k in self.demand.low_output_positions(ctx):  # handed on low by its If
+                value = ctx.graph.output[k]
+                if value.type.HasField("tensor_type"):
+                    value.type.tensor_type.elem_type = low
+                changed[value.name] = low
 
         if ctx.parent is None and self.io_low:
             for value in ctx.graph.output:
@@ -241,7 +286,7 @@ class Rewriter:
             if name in ctx.producer:
                 continue
             vs = self._lookup(ctx, name)
-            wanted = ctx.type_of(name)
+            wanted = self.demand.output_type(ctx, name)
             if vs is None or wanted in vs or not wanted:
                 continue
             value.name = self._version(ctx, name, wanted, top, after)

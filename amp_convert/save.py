@@ -180,6 +180,7 @@ def save_model(
     external: bool = False,
     source_dir: str | os.PathLike | None = None,
     before_commit: Callable[[Path], None] | None = None,
+    size: int | None = None,
 ) -> None:
     """Write ``model`` to ``path`` atomically.
 
@@ -188,14 +189,15 @@ def save_model(
     ``source_dir``, are streamed across). Otherwise everything goes into the
     one file, which protobuf limits to 2 GiB. ``before_commit`` sees the
     written model (with its data file beside it) before it replaces
-    anything; raising there writes nothing.
+    anything; raising there writes nothing. ``size``: the model's
+    :func:`payload_bytes` when the caller has measured it already.
     """
     target = Path(path)
     source = Path(source_dir) if source_dir is not None else None
     if not external:
         if has_external(model):
             load_external_data_for_model(model, str(source or target.parent))
-        if payload_bytes(model) > PROTOBUF_LIMIT:
+        if (payload_bytes(model) if size is None else size) > PROTOBUF_LIMIT:
             raise AmpError(
                 f"{path}: the converted model is over 2 GiB, more than a single .onnx file can hold; "
                 "use --external-data auto or always; nothing was written"

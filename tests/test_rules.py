@@ -323,6 +323,26 @@ def test_tiny_epsilon_that_flushes_to_zero_keeps_its_consumer_fp32():
     assert plan3.by_name("add_eps").precision is Precision.LOW
 
 
+def test_small_weights_lowered_together_keep_their_values_and_counts():
+    """Many small initializers are lowered in one numpy pass; each keeps its
+    own values, and values flushed to zero are counted per constant."""
+    rng = np.random.default_rng(3)
+    weights = {f"W{k}": rng.uniform(-1, 1, (4, 4)).astype(np.float32) for k in range(3)}
+    weights["W1"][0, 0] = 1e-9  # flushes to 0 in fp16: counted, not silent
+    nodes, x = [], "x"
+    for k in range(3):
+        nodes.append(helper.make_node("MatMul", [x, f"W{k}"], [f"h{k}"], name=f"mm{k}"))
+        x = f"h{k}"
+    m = model(nodes, [value("x")], [value(x)], [init(n, a) for n, a in weights.items()])
+    result = convert(m, level="O3")
+    lowered = {t.name: onnx.numpy_helper.to_array(t) for t in result.model.graph.initializer}
+    for name, array in weights.items():
+        assert lowered[name].dtype == np.float16
+        assert np.array_equal(lowered[name], array.astype(np.float16))
+    assert result.stats.flushed == {"W1": 1}
+    assert result.stats.initializers_lowered == 3
+
+
 def test_safety_rule_finds_constants_behind_data_movement():
     nodes = [
         helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
@@ -445,6 +465,57 @@ def test_if_branches_are_converted_with_outer_scope_values():
     for cond in (True, False):
         feeds = {**x_feed(), "cond": np.array(cond)}
         assert close(run(m, feeds)[0], run(out, feeds)[0])
+
+
+def low_if_model():
+    """Both branches end in a low MatMul; the If's result feeds another MatMul."""
+    branches = {
+        key: helper.make_graph(
+            [helper.make_node("MatMul", ["h", f"W_{key}"], [f"o_{key}"], name=f"{key}_mm")],
+            key,
+            [],
+            [value(f"o_{key}")],
+            [init(f"W_{key}", w(4, 4))],
+        )
+        for key in ("then", "else")
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("If", ["cond"], ["y"], name="if", then_branch=branches["then"], else_branch=branches["else"]),
+        helper.make_node("MatMul", ["y", "W"], ["z"], name="after"),
+    ]
+    inputs = [value("x"), value("cond", onnx.TensorProto.BOOL, shape=())]
+    return model(nodes, inputs, [value("z"), value("y")], [init("W", w(4, 4))])
+
+
+@pytest.mark.parametrize("level", ["O1", "O2", "O3"])
+def test_if_output_is_low_when_every_branch_produces_it_low(level):
+    m = low_if_model()
+    out, plan = convert(m, level=level)
+    entry = plan.by_name("if")
+    assert (entry.precision, entry.rule, entry.low_outputs) == (Precision.LOW, "control-flow", (0,))
+    if_node = next(n for n in out.graph.node if n.op_type == "If")
+    for a in if_node.attribute:  # no Cast back to fp32 at the end of a branch; the branch hands on fp16
+        assert [n.op_type for n in a.g.node] == ["MatMul"]
+        assert a.g.output[0].type.tensor_type.elem_type == F16
+    # One Cast for the graph output y (it keeps fp32), none between the If and the low MatMul after it.
+    assert [c.output[0] for c in nodes_of(out, "Cast") if c.input[0] == if_node.output[0]] == ["y"]
+    after = next(n for n in out.graph.node if n.name == "after")
+    assert after.input[0] == if_node.output[0]
+    assert elem_types(out)["y"] == F32
+    for cond in (True, False):
+        feeds = {**x_feed(), "cond": np.array(cond)}
+        for ref, got in zip(run(m, feeds), run(out, feeds), strict=True):
+            assert close(ref, got)
+
+
+def test_if_output_stays_fp32_when_a_branch_produces_it_fp32():
+    m = low_if_model()
+    out, plan = convert(m, level="O2", keep_fp32=["^else_mm$"])
+    assert plan.by_name("if").precision is Precision.FP32
+    if_node = next(n for n in out.graph.node if n.op_type == "If")
+    then_g = next(a.g for a in if_node.attribute if a.name == "then_branch")
+    assert then_g.node[-1].op_type == "Cast" and then_g.output[0].type.tensor_type.elem_type == F32
 
 
 def test_loop_body_is_converted():
