@@ -134,7 +134,7 @@ class Plan:
 
 # Data precision of a tensor while planning.
 LOW, F32, NEUTRAL = "low", "fp32", "neutral"
-_FOLLOW, _SOURCE = "follow", "source"  # provisional states of the forward pass
+_FIXED, _FOLLOW, _SOURCE = "fixed", "follow", "source"  # states of the forward pass (the last two provisional)
 
 
 class Demand:
@@ -267,64 +267,62 @@ class Planner:
     def _classify(self, ctx: GraphContext, i: int) -> tuple[PlanEntry, str]:
         node = ctx.nodes[i]
         op, domain = ctx.ops[i], node.domain
-        default_domain = domain in ("", "ai.onnx")
-        key = op if default_domain else op_key(op, domain)
         label = node.name or f"{op}_{i}"
         if type(label) is not str or type(domain) is not str:
             raise AmpError(f"the model holds the name {label!r}, which is not valid UTF-8 (a corrupt file?)")
-        entry = PlanEntry(ctx.path, i, label, op, domain, Precision.FP32, "", "")
+        precision, rule, reason, state = self._decide(ctx, i, node, op, domain, label)
+        entry = PlanEntry(ctx.path, i, label, op, domain, precision, rule, reason)
+        if precision is Precision.LOW:  # wanted low: the schema and the safety rules may still say no
+            forced = rule in ("user-force-low", "auto-force-low")
+            self._try_low(ctx, i, entry, self._sig(node), safety=not forced)
+        return entry, state
 
-        def decided(precision: Precision, rule: str, reason: str, state: str = "fixed") -> tuple[PlanEntry, str]:
-            entry.precision, entry.rule, entry.reason = precision, rule, reason
-            return entry, state
-
+    def _decide(self, ctx: GraphContext, i: int, node: onnx.NodeProto, op: str, domain: str, label: str) -> tuple:
+        """(precision, rule, reason, state) from the rules in order; first match wins."""
+        default_domain = domain in ("", "ai.onnx")
+        key = op if default_domain else op_key(op, domain)
         if default_domain and op in CONTROL_FLOW_OPS:
-            return decided(Precision.FP32, "control-flow", "keeps its interface types; its bodies are converted")
+            return Precision.FP32, "control-flow", "keeps its interface types; its bodies are converted", _FIXED
         float_ins, float_outs, unknown = self._float_slots[i]
         if not float_ins and not float_outs:
-            return decided(Precision.UNCHANGED, "no-float32", "no float32 tensors (integer, bool or already low)")
+            return Precision.UNCHANGED, "no-float32", "no float32 tensors (integer, bool or already low)", _FIXED
         if self.level == "O0":
-            return decided(Precision.FP32, "level", "O0 changes nothing")
+            return Precision.FP32, "level", "O0 changes nothing", _FIXED
         if default_domain and op in QUANTIZED_OPS:
-            return decided(Precision.FP32, "quantized", "quantized computation is never touched")
+            return Precision.FP32, "quantized", "quantized computation is never touched", _FIXED
         if default_domain and op == "Cast" and _cast_to(node) != FLOAT:
-            return decided(Precision.UNCHANGED, "cast", "Cast to a non-float32 type reads any float version")
+            return Precision.UNCHANGED, "cast", "Cast to a non-float32 type reads any float version", _FIXED
         if unknown:
-            return decided(Precision.FP32, "unknown-type", "a tensor's type is unknown; left as it is")
-        sig = signature(op, domain, self.opsets.get("" if default_domain else domain, 0))
-        if sig is None and default_domain:
-            return decided(Precision.FP32, "schema", f"no schema for {op} at this opset")
+            return Precision.FP32, "unknown-type", "a tensor's type is unknown; left as it is", _FIXED
+        if default_domain and self._sig(node) is None:
+            return Precision.FP32, "schema", f"no schema for {op} at this opset", _FIXED
         if not default_domain and key not in self.lists.white and not self._forced(label):
-            return decided(Precision.FP32, "custom-domain", f"custom-domain op {key}: fp32 unless on the white list")
+            return Precision.FP32, "custom-domain", f"custom-domain op {key}: fp32 unless on the white list", _FIXED
         for pattern in self.keep_patterns:
             if pattern.search(label):
-                return decided(Precision.FP32, "user-keep-fp32", f"--keep-fp32 {pattern.pattern!r}")
+                return Precision.FP32, "user-keep-fp32", f"--keep-fp32 {pattern.pattern!r}", _FIXED
         if label in self.keep_names:
-            return decided(Precision.FP32, "auto-keep-fp32", "auto search: kept fp32 (it added error)")
+            return Precision.FP32, "auto-keep-fp32", "auto search: kept fp32 (it added error)", _FIXED
         for pattern in self.force_patterns:
             if pattern.search(label):
-                decided(Precision.LOW, "user-force-low", f"--force-low {pattern.pattern!r}")
-                return self._try_low(ctx, i, entry, sig, safety=False), "fixed"
+                return Precision.LOW, "user-force-low", f"--force-low {pattern.pattern!r}", _FIXED
         if label in self.force_names:
-            decided(Precision.LOW, "auto-force-low", "auto search: runs low within tolerance")
-            return self._try_low(ctx, i, entry, sig, safety=False), "fixed"
+            return Precision.LOW, "auto-force-low", "auto search: runs low within tolerance", _FIXED
         if default_domain and op in SOURCE_OPS:
-            return decided(Precision.FP32, "source", "creates float data: takes the precision its consumers need", _SOURCE)
+            return Precision.FP32, "source", "creates float data: takes the precision its consumers need", _SOURCE
         lists = self.lists
         if key in lists.black:
-            return decided(Precision.FP32, "black-list", f"black list: {lists.black[key]}")
+            return Precision.FP32, "black-list", f"black list: {lists.black[key]}", _FIXED
         if self.level == "O3":
-            decided(Precision.LOW, "level", "O3 runs everything low")
-        elif key in lists.white:
-            decided(Precision.LOW, "white-list", f"white list: {lists.white[key]}")
-        elif key in lists.follow or lists.unlisted_follow:
+            return Precision.LOW, "level", "O3 runs everything low", _FIXED
+        if key in lists.white:
+            return Precision.LOW, "white-list", f"white list: {lists.white[key]}", _FIXED
+        if key in lists.follow or lists.unlisted_follow:
             why = lists.follow.get(key, "unlisted: follows its inputs")
-            return decided(Precision.FP32, "follow", f"follow: {why}", _FOLLOW)
-        elif self.level == "O1":
-            return decided(Precision.FP32, "level", "O1: not on the white list")
-        else:
-            decided(Precision.LOW, "level", "O2: not on the black list")
-        return self._try_low(ctx, i, entry, sig), "fixed"
+            return Precision.FP32, "follow", f"follow: {why}", _FOLLOW
+        if self.level == "O1":
+            return Precision.FP32, "level", "O1: not on the white list", _FIXED
+        return Precision.LOW, "level", "O2: not on the black list", _FIXED
 
     def _forced(self, label: str) -> bool:
         return any(p.search(label) for p in self.force_patterns)

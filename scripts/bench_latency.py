@@ -102,6 +102,17 @@ def resized_inputs(entry: dict, batch: int | None, seq: int | None) -> dict[str,
     return make_inputs({**entry, "inputs": specs}, seed=0)
 
 
+def free_batch(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with a symbolic first dimension on its inputs and outputs:
+    some zoo exports fix the batch at 1 (their graphs do not depend on it)."""
+    for value in (*model.graph.input, *model.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if dims and dims[0].HasField("dim_value"):
+            dims[0].dim_param = "batch"
+    del model.graph.value_info[:]  # recomputed by onnxruntime
+    return model
+
+
 def parse_map(values: list[str]) -> dict[str, int]:
     out = {}
     for v in values:
@@ -130,6 +141,8 @@ def main() -> None:
         if only and entry["name"] not in only:
             continue
         model = onnx.load(entry["path"])
+        if batches.get(entry["name"]):
+            model = free_batch(model)
         feeds = resized_inputs(entry, batches.get(entry["name"]), seqs.get(entry["name"]))
         shape = " ".join(f"{k}={'x'.join(map(str, v.shape))}" for k, v in feeds.items())
         base = None
