@@ -7,8 +7,11 @@ the fraction of the float compute (MACs for GEMM-like ops) that runs in
 fp16, the number of trials (convert + run attempts), the wall time and the
 Cast count. The peer searches with its own criterion, which we set to the
 same tolerance on the outputs (it runs real fp16 onnxruntime sessions).
+Each tool's time is the median of ``--repeat`` runs after one untimed
+warm-up run (first calls pay one-off costs: onnxruntime's and the schema
+caches' start-up).
 
-    python scripts/bench_auto.py [--markdown] [--only NAME,...] [--max-trials 12]
+    python scripts/bench_auto.py [--markdown] [--only NAME,...] [--max-trials 12] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -109,38 +113,54 @@ def peer_auto(reference: onnx.ModelProto, feeds: dict[str, np.ndarray]):
     return result, attempts
 
 
+def timed(run, repeat: int):
+    """``run()``'s result and the median wall time of ``repeat`` runs after a warm-up run."""
+    result = run()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        result = run()
+        times.append(time.perf_counter() - t0)
+    return result, statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--only", default="")
     parser.add_argument("--max-trials", type=int, default=12)
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per tool and model (median)")
     args = parser.parse_args()
     only = {n for n in args.only.split(",") if n}
     rows = []
     for name, reference, source in cases(only):
         if only and name not in only:
             continue
-        t0 = time.perf_counter()
-        calibration = calibrate(reference, source, "cpu")  # part of auto's cost: timed
+
+        def amp_search(reference=reference, source=source):
+            calibration = calibrate(reference, source, "cpu")  # part of auto's cost: timed
+            searched = auto_convert(
+                reference, ConvertOptions(), source, ValidationConfig(provider="cpu"), calibration, args.max_trials
+            )
+            return searched, calibration
+
+        (searched, calibration), amp_time = timed(amp_search, args.repeat)
         weights = compute_weights(reference, calibration)
-        searched = auto_convert(
-            reference, ConvertOptions(), source, ValidationConfig(provider="cpu"), calibration, args.max_trials
-        )
-        amp_time = time.perf_counter() - t0
         amp_pass = searched.validation is not None and searched.validation.passed
         amp = (
             "pass" if amp_pass else "fp32 fallback",
             f"{searched.low_compute:.1%}",
             str(len(searched.trials)),
-            f"{amp_time:.2f}",
+            f"{amp_time:.3f}",
             str(count_casts(searched.conversion.model)),
         )
 
         feeds = next(iter(source))
         t0 = time.perf_counter()
         try:
-            peer_model, attempts = peer_auto(reference, feeds)
-            peer_time = time.perf_counter() - t0
+            (peer_model, attempts), peer_time = timed(
+                lambda reference=reference, feeds=feeds: peer_auto(reference, feeds), args.repeat
+            )
             try:
                 v = validate(reference, peer_model, source, CPU)
                 verdict = "pass" if v.passed else "FAIL"
@@ -150,7 +170,7 @@ def main() -> None:
                 verdict,
                 f"{low_fraction_of(peer_model, reference, weights):.1%}",
                 str(attempts),
-                f"{peer_time:.2f}",
+                f"{peer_time:.3f}",
                 str(count_casts(peer_model)),
             )
         except Exception as e:
