@@ -407,7 +407,7 @@ def validation_options(f):
 def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     """Convert MODEL to mixed precision, validate it, report, save."""
     from .check import check_file
-    from .external import external_files, payload_bytes
+    from .external import external_files, payload
     from .load import load_model
     from .pipeline import convert
     from .save import check_output_path, save_model, write_text
@@ -455,7 +455,8 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     passed = validation is None or validation.passed
     exit_code = EXIT_OK if passed else EXIT_TOLERANCE
     write = passed or kw["write_on_fail"]
-    size_after = payload_bytes(result.model)
+    measured = payload(result.model)
+    size_after = measured.total
     if write:
         mode = kw["external_data"]
         external = mode == "always" or (mode == "auto" and (input_external or size_after > PROTOBUF_LIMIT))
@@ -465,7 +466,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
             if deferred:  # too large to check in memory: check the written file before it replaces anything
                 check_file(path, kw["check"])
 
-        save_model(result.model, output, external=external, source_dir=folder, before_commit=verify, size=size_after)
+        save_model(result.model, output, external=external, source_dir=folder, before_commit=verify, measured=measured)
         data = output.with_name(f"{output.name}.data")
         size_after = output.stat().st_size + (data.stat().st_size if external and data.is_file() else 0)
     timings = dict(result.timings)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -77,29 +78,50 @@ def all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
 _TENSOR_ATTRIBUTE_OPS = frozenset({"Constant", "ConstantOfShape"})
 
 
+@dataclass(frozen=True)
+class Payload:
+    """What a model's tensors weigh and where they live, from one walk."""
+
+    inline: int  # bytes of tensor data inside the protobuf
+    external: int  # bytes of tensor data in external files
+    files: frozenset[str]  # the external data files (locations)
+    total: int  # size of the model saved as one file
+
+    @property
+    def has_external(self) -> bool:
+        return bool(self.files)
+
+
+def payload(model: onnx.ModelProto) -> Payload:
+    """Measure ``model``: its tensors' bytes (external ones included) and the
+    size of it saved as one file. Measuring a protobuf message serializes
+    it, so a model whose tensors alone pass a gigabyte is not measured: its
+    tensor bytes are the total (a lower bound, which is all a 2 GB test needs)."""
+    inline = external = 0
+    files: set[str] = set()
+    for t in all_tensors(model.graph):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            info = external_info(t)
+            external += int(info.get("length", 0) or 0)
+            files.add(info.get("location", ""))
+        else:
+            inline += len(t.raw_data)
+    total = inline + external if inline + external > 1 << 30 else model.ByteSize() + external
+    return Payload(inline, external, frozenset(files), total)
+
+
 def has_external(model: onnx.ModelProto) -> bool:
-    return any(is_external(t) for t in all_initializers(model.graph))
+    return any(is_external(t) for t in all_tensors(model.graph))
 
 
 def external_files(model: onnx.ModelProto) -> set[str]:
-    """The external data files (locations) the model's initializers refer to."""
-    return {external_info(t).get("location", "") for t in all_initializers(model.graph) if is_external(t)}
+    """The external data files (locations) the model's tensors refer to."""
+    return {external_info(t).get("location", "") for t in all_tensors(model.graph) if is_external(t)}
 
 
 def payload_bytes(model: onnx.ModelProto) -> int:
-    """Size of the model saved as one file: its tensors' bytes (external ones
-    included) plus the rest. Measuring a protobuf message serializes it, so a
-    model whose tensors alone pass a gigabyte is not measured: its tensor
-    bytes are the answer (a lower bound, which is all a 2 GB test needs)."""
-    inline = external = 0
-    for t in all_tensors(model.graph):
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            external += int(external_info(t).get("length", 0) or 0)
-        else:
-            inline += len(t.raw_data)
-    if inline + external > 1 << 30:
-        return inline + external
-    return model.ByteSize() + external
+    """Size of the model saved as one file (see :func:`payload`)."""
+    return payload(model).total
 
 
 def write_with_external_data(
@@ -107,11 +129,15 @@ def write_with_external_data(
 ) -> None:
     """Write ``model`` to ``model_path`` and its large tensors to ``data_name``
     (beside it, or at ``data_path``), streaming tensors that still live in
-    the input's data files. ``model`` is modified: its large tensors become
-    references to the new data file."""
+    the input's data files (initializers and tensor attributes alike).
+    ``model`` is modified: its large initializers become references to the
+    new data file; tensor attributes stay inline unless they were external."""
     data_path = data_path or model_path.with_name(data_name)
+    kept = list(all_initializers(model.graph))  # (alive, so their ids stay theirs)
+    initializers = {id(t) for t in kept}
+    moved = 0
     with open(data_path, "wb") as out:
-        for tensor in all_initializers(model.graph):
+        for tensor in all_tensors(model.graph):
             if is_external(tensor):
                 if source_dir is None:
                     raise ValueError(f"tensor {tensor.name!r} refers to external data but no source folder is known")
@@ -120,15 +146,22 @@ def write_with_external_data(
                 length = _copy_segment(
                     Path(source_dir) / info["location"], int(info.get("offset", 0) or 0), int(info["length"]), out
                 )
-                _point_to(tensor, data_name, offset, length)
-            elif tensor.raw_data and len(tensor.raw_data) >= INLINE_BELOW:
+            elif id(tensor) in initializers and tensor.ByteSize() >= INLINE_BELOW:
+                data = tensor.raw_data
+                if len(data) < INLINE_BELOW:
+                    continue
                 offset = _pad(out)
-                out.write(tensor.raw_data)
-                length = len(tensor.raw_data)
+                out.write(data)
+                length = len(data)
                 tensor.ClearField("raw_data")
-                _point_to(tensor, data_name, offset, length)
+            else:
+                continue
+            _point_to(tensor, data_name, offset, length)
+            moved += 1
         out.flush()
         os.fsync(out.fileno())
+    if not moved:  # every tensor is small enough to stay inline
+        data_path.unlink()
     with open(model_path, "wb") as f:
         f.write(model.SerializeToString())
         f.flush()

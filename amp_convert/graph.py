@@ -32,6 +32,7 @@ class GraphContext:
     ins: list[list[str]] = field(default_factory=list)
     outs: list[list[str]] = field(default_factory=list)
     ops: list[str] = field(default_factory=list)
+    domains: list[str] = field(default_factory=list)
     producer: dict[str, int] = field(default_factory=dict)  # tensor -> node index
     consumers: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # tensor -> (node, slot)
     captured_by: dict[str, list[int]] = field(default_factory=dict)  # tensor -> nodes whose subgraphs read it
@@ -99,12 +100,13 @@ def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext |
         ctx.initializers.setdefault(t.values.name, t.values)
     producer, consumers = ctx.producer, ctx.consumers
     containers = []
-    ins, outs, ops = ctx.ins, ctx.outs, ctx.ops
+    ins, outs, ops, domains = ctx.ins, ctx.outs, ctx.ops, ctx.domains
     for i, node in enumerate(ctx.nodes):
-        node_ins, node_outs, op = node.input[:], node.output[:], node.op_type
+        node_ins, node_outs, op, domain = node.input[:], node.output[:], node.op_type, node.domain
         ins.append(node_ins)
         outs.append(node_outs)
         ops.append(op)
+        domains.append(domain)
         for slot, name in enumerate(node_ins):
             if name:
                 if name in consumers:
@@ -114,7 +116,7 @@ def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext |
         for name in node_outs:
             producer[name] = i
         # Only these default-domain ops carry graphs; other domains may (e.g. BeamSearch).
-        if op in GRAPH_OPS or (node.domain not in ("", "ai.onnx") and len(node.attribute)):
+        if op in GRAPH_OPS or (domain not in ("", "ai.onnx") and len(node.attribute)):
             containers.append(i)
     producer.pop("", None)
     _check_utf8(ctx, ops)
@@ -131,18 +133,18 @@ def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext |
                 ctx.captured_by.setdefault(name, []).append(i)
         ctx.subgraphs[i] = subs
     # Free names: read here (directly or by nested subgraphs) but defined outside.
-    read = set(consumers) | set(ctx.captured_by)
-    ctx.free_names = {n for n in read if not ctx.defines(n)}
+    if parent is not None:  # (the main graph reads nothing from outside)
+        ctx.free_names = set(consumers).union(ctx.captured_by).difference(producer, ctx.initializers, ctx.input_set)
     return ctx
 
 
 def _check_utf8(ctx: GraphContext, ops: list) -> None:
     """ONNX names are UTF-8; protobuf hands invalid ones back as bytes, which
     no later stage can handle. (One pass over the index, not the proto.)"""
-    for names in (ctx.producer, ctx.consumers, ctx.input_names, ctx.output_names, ctx.initializers, ops):
-        for name in names:
-            if type(name) is not str:
-                raise AmpError(f"the model holds the name {name!r}, which is not valid UTF-8 (a corrupt file?)")
+    for names in (ctx.producer, ctx.consumers, ctx.input_names, ctx.output_names, ctx.initializers, ops, ctx.domains):
+        if not set(map(type, names)) <= {str}:
+            name = next(n for n in names if type(n) is not str)
+            raise AmpError(f"the model holds the name {name!r}, which is not valid UTF-8 (a corrupt file?)")
 
 
 def tensor_names(root: GraphContext) -> set[str]:

@@ -56,7 +56,7 @@ class Precision(str, Enum):
     UNCHANGED = "unchanged"  # no float32 computation: never touched
 
 
-@dataclass
+@dataclass(slots=True)
 class PlanEntry:
     """The decision for one node."""
 
@@ -149,13 +149,12 @@ class Demand:
 
     def required_type(self, ctx: GraphContext, j: int, slot: int) -> int:
         """The element type node ``j`` needs on input ``slot`` (0: any)."""
-        node = ctx.nodes[j]
-        if slot in DTYPE_AGNOSTIC_INPUTS.get(node.op_type, ()) and is_default_domain(node.domain):
+        if slot in DTYPE_AGNOSTIC_INPUTS.get(ctx.ops[j], ()) and is_default_domain(ctx.domains[j]):
             return 0
         entry = self.plan.entries[ctx.path][j]
         if entry.precision is Precision.LOW and slot in entry.low_inputs:
             return self.low.onnx_type
-        return ctx.type_of(node.input[slot])
+        return ctx.type_of(ctx.ins[j][slot])
 
     def output_type(self, ctx: GraphContext, name: str) -> int:
         """Type a graph output must have: its declared type, low for
@@ -218,6 +217,7 @@ class Planner:
         self.states: dict[str, str] = {}  # data precision of float tensors, across scopes (names are unique)
         self.demand = Demand(self.plan, self.low, options.io_types)
         self._slot_cache: dict = {}
+        self._sigs: dict[tuple[str, str], Signature | None] = {}  # (op, domain) -> signature at the model's opset
         self._float_slots: list = []
 
     # ---------------------------------------------------------------- driver
@@ -266,7 +266,7 @@ class Planner:
 
     def _classify(self, ctx: GraphContext, i: int) -> tuple[PlanEntry, str]:
         node = ctx.nodes[i]
-        op, domain = ctx.ops[i], node.domain
+        op, domain = ctx.ops[i], ctx.domains[i]
         label = node.name or f"{op}_{i}"
         if type(label) is not str or type(domain) is not str:
             raise AmpError(f"the model holds the name {label!r}, which is not valid UTF-8 (a corrupt file?)")
@@ -274,7 +274,7 @@ class Planner:
         entry = PlanEntry(ctx.path, i, label, op, domain, precision, rule, reason)
         if precision is Precision.LOW:  # wanted low: the schema and the safety rules may still say no
             forced = rule in ("user-force-low", "auto-force-low")
-            self._try_low(ctx, i, entry, self._sig(node), safety=not forced)
+            self._try_low(ctx, i, entry, self._sig(ctx, i), safety=not forced)
         return entry, state
 
     def _decide(self, ctx: GraphContext, i: int, node: onnx.NodeProto, op: str, domain: str, label: str) -> tuple:
@@ -294,7 +294,7 @@ class Planner:
             return Precision.UNCHANGED, "cast", "Cast to a non-float32 type reads any float version", _FIXED
         if unknown:
             return Precision.FP32, "unknown-type", "a tensor's type is unknown; left as it is", _FIXED
-        if default_domain and self._sig(node) is None:
+        if default_domain and self._sig(ctx, i) is None:
             return Precision.FP32, "schema", f"no schema for {op} at this opset", _FIXED
         if not default_domain and key not in self.lists.white and not self._forced(label):
             return Precision.FP32, "custom-domain", f"custom-domain op {key}: fp32 unless on the white list", _FIXED
@@ -400,7 +400,7 @@ class Planner:
             entry.reason = f"{entry.reason}; its inputs are fp32"
         elif seen == {LOW} or self.level != "O1":
             mixed = "mixed fp32/low inputs" if len(seen) > 1 else "its inputs are low"
-            self._try_low(ctx, i, entry, self._sig(ctx.nodes[i]))
+            self._try_low(ctx, i, entry, self._sig(ctx, i))
             if entry.precision is Precision.LOW:
                 entry.reason = f"{entry.reason}; {mixed}"
         else:
@@ -441,7 +441,7 @@ class Planner:
             return
         why = "all consumers run low" if wants == {low} else "some consumers run low"
         # A source's own value is checked by its consumers' safety rule.
-        self._try_low(ctx, i, entry, self._sig(ctx.nodes[i]), safety=entry.rule != "source")
+        self._try_low(ctx, i, entry, self._sig(ctx, i), safety=entry.rule != "source")
         if entry.precision is Precision.LOW:
             entry.reason = f"{entry.reason}; {why}"
             for k in entry.low_outputs:
@@ -449,9 +449,12 @@ class Planner:
 
     # ------------------------------------------------------------- helpers
 
-    def _sig(self, node: onnx.NodeProto) -> Signature | None:
-        domain = "" if is_default_domain(node.domain) else node.domain
-        return signature(node.op_type, node.domain, self.opsets.get(domain, 0))
+    def _sig(self, ctx: GraphContext, i: int) -> Signature | None:
+        key = (ctx.ops[i], ctx.domains[i])
+        if key not in self._sigs:
+            op, domain = key
+            self._sigs[key] = signature(op, domain, self.opsets.get("" if is_default_domain(domain) else domain, 0))
+        return self._sigs[key]
 
     def _is_float_data(self, t: int) -> bool:
         return t == FLOAT or t == self.low.onnx_type

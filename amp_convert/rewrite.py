@@ -344,7 +344,7 @@ class Rewriter:
         elif op == "ConstantOfShape":
             for a in node.attribute:
                 if a.name == "value":
-                    lower_tensor(a.t, self.low, self.stats, node.output[0])
+                    lower_tensor(a.t, self.low, self.stats, node.output[0], self.base_dir)
                     break
             else:
                 node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(np.zeros(1, self.low.numpy))))
@@ -353,7 +353,7 @@ class Rewriter:
     def _lower_constant(self, node: onnx.NodeProto) -> None:
         for idx, a in enumerate(node.attribute):
             if a.name == "value":
-                lower_tensor(a.t, self.low, self.stats, node.output[0])
+                lower_tensor(a.t, self.low, self.stats, node.output[0], self.base_dir)
             elif a.name in ("value_float", "value_floats"):
                 values = np.array(a.f if a.name == "value_float" else list(a.floats), dtype=np.float32)
                 tensor = numpy_helper.from_array(to_low_array(values, self.low, node.output[0], self.stats))
@@ -387,7 +387,9 @@ def _set_int_attr(node: onnx.NodeProto, name: str, value: int) -> None:
     node.attribute.append(helper.make_attribute(name, value))
 
 
+_SHORT_NAMES = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16"}
+
+
 def _short(elem_type: int) -> str:
-    return {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16"}.get(
-        elem_type, onnx.TensorProto.DataType.Name(elem_type).lower()
-    )
+    short = _SHORT_NAMES.get(elem_type)
+    return short if short is not None else onnx.TensorProto.DataType.Name(elem_type).lower()

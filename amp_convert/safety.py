@@ -28,6 +28,10 @@ PASS_THROUGH_OPS = frozenset(
     {"Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Tile", "Gather", "Slice", "Concat", "Cast"}
 )
 _MAX_DEPTH = 8
+# Half the smallest subnormal rounds to zero.
+_FP16_ZERO = 2.0**-25
+_BF16_ZERO = 2.0**-134
+_CONSTANT_CARRIERS = PASS_THROUGH_OPS | {"Constant"}
 # Underflow matters for small constants (epsilons, scales) or when most of
 # the non-zero values of a tensor would vanish; a few tiny weights do not.
 SMALL_CONSTANT = 16
@@ -57,18 +61,15 @@ def value_stats(array: np.ndarray) -> ValueStats:
         a = a[finite]
     if a.size == 0:
         return ValueStats(int(array.size), 0.0, 0, 0, 0, nonfinite)
-    if a.min() > 2.0**-25:  # common case: nothing near zero, nothing to flush
+    if a.min() > _FP16_ZERO:  # common case: nothing near zero, nothing to flush
         return ValueStats(int(array.size), float(a.max()), int(a.size), 0, 0, nonfinite)
     nonzero = a > 0
-    # Half the smallest subnormal rounds to zero.
-    fp16_zero = np.float32(2.0**-25)
-    bf16_zero = np.float32(2.0**-134)
     return ValueStats(
         size=int(array.size),
         abs_max=float(a.max()),
         nonzero=int(np.count_nonzero(nonzero)),
-        underflow_fp16=int(np.count_nonzero(nonzero & (a <= fp16_zero))),
-        underflow_bf16=int(np.count_nonzero(nonzero & (a <= bf16_zero))),
+        underflow_fp16=int(np.count_nonzero(nonzero & (a <= np.float32(_FP16_ZERO)))),
+        underflow_bf16=int(np.count_nonzero(nonzero & (a <= np.float32(_BF16_ZERO)))),
         nonfinite=nonfinite,
     )
 
@@ -105,8 +106,8 @@ class ConstantRanges:
     def prime(self, initializers: dict[str, onnx.TensorProto], small: int = 4096) -> None:
         """Statistics of all small raw float32 initializers in a few vectorised
         passes (graphs with tens of thousands of small weights would otherwise
-        pay numpy's per-call overhead for each). Tensors with values near zero
-        or non-finite values are left to :meth:`stats`."""
+        pay numpy's per-call overhead for each). Tensors with non-finite
+        values are left to :meth:`stats`."""
         names, arrays = [], []
         for name, t in initializers.items():
             if (
@@ -124,11 +125,17 @@ class ConstantRanges:
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         flat = np.abs(np.concatenate(arrays))
         highs = np.maximum.reduceat(flat, starts)
-        lows = np.minimum.reduceat(flat, starts)
-        clean = (lows > 2.0**-25) & np.isfinite(highs)
-        for name, size, high, ok in zip(names, sizes.tolist(), highs.tolist(), clean.tolist(), strict=True):
+        finite = np.isfinite(highs)
+        nonzero = flat > 0
+        counts = (
+            np.add.reduceat(nonzero, starts, dtype=np.int64),
+            np.add.reduceat(nonzero & (flat <= np.float32(_FP16_ZERO)), starts, dtype=np.int64),
+            np.add.reduceat(nonzero & (flat <= np.float32(_BF16_ZERO)), starts, dtype=np.int64),
+        )
+        rows = zip(names, sizes.tolist(), highs.tolist(), finite.tolist(), *(c.tolist() for c in counts), strict=True)
+        for name, size, high, ok, n_nonzero, under_fp16, under_bf16 in rows:
             if ok:
-                self._stats[name] = ValueStats(size, high, size, 0, 0, 0)
+                self._stats[name] = ValueStats(size, high, n_nonzero, under_fp16, under_bf16, 0)
 
     def constant_behind(self, ctx: GraphContext, name: str) -> tuple[str, onnx.TensorProto] | None:
         """The constant whose values reach tensor ``name`` unchanged, if any."""
@@ -161,9 +168,12 @@ class ConstantRanges:
 
     def problem(self, ctx: GraphContext, i: int, low_inputs: tuple[int, ...], low: LowDtype) -> str | None:
         """Why node ``i`` cannot read its constants in ``low``, or None."""
-        inputs = ctx.ins[i]
+        inputs, initializers, producer, ops = ctx.ins[i], ctx.initializers, ctx.producer, ctx.ops
         for slot in low_inputs:
-            found = self.constant_behind(ctx, inputs[slot])
+            name = inputs[slot]
+            if name not in initializers and name in producer and ops[producer[name]] not in _CONSTANT_CARRIERS:
+                continue  # computed data (the common case): no constant behind it
+            found = self.constant_behind(ctx, name)
             if found is None:
                 continue
             name, tensor = found

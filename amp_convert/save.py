@@ -25,7 +25,7 @@ import onnx
 from onnx.external_data_helper import load_external_data_for_model
 
 from .errors import AmpError
-from .external import PROTOBUF_LIMIT, has_external, payload_bytes, write_with_external_data
+from .external import PROTOBUF_LIMIT, Payload, payload, write_with_external_data
 from .load import is_input_file
 
 _CAUGHT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
@@ -180,7 +180,7 @@ def save_model(
     external: bool = False,
     source_dir: str | os.PathLike | None = None,
     before_commit: Callable[[Path], None] | None = None,
-    size: int | None = None,
+    measured: Payload | None = None,
 ) -> None:
     """Write ``model`` to ``path`` atomically.
 
@@ -189,15 +189,16 @@ def save_model(
     ``source_dir``, are streamed across). Otherwise everything goes into the
     one file, which protobuf limits to 2 GiB. ``before_commit`` sees the
     written model (with its data file beside it) before it replaces
-    anything; raising there writes nothing. ``size``: the model's
-    :func:`payload_bytes` when the caller has measured it already.
+    anything; raising there writes nothing. ``measured``: the model's
+    :func:`payload` when the caller has measured it already.
     """
     target = Path(path)
     source = Path(source_dir) if source_dir is not None else None
     if not external:
-        if has_external(model):
+        measured = measured or payload(model)
+        if measured.has_external:
             load_external_data_for_model(model, str(source or target.parent))
-        if (payload_bytes(model) if size is None else size) > PROTOBUF_LIMIT:
+        if measured.total > PROTOBUF_LIMIT:
             raise AmpError(
                 f"{path}: the converted model is over 2 GiB, more than a single .onnx file can hold; "
                 "use --external-data auto or always; nothing was written"

@@ -12,6 +12,7 @@ import onnxruntime as ort
 import pytest
 from helpers import init, model, value
 from onnx import helper, numpy_helper
+from onnx.external_data_helper import convert_model_to_external_data
 
 from amp_convert.external import external_info, is_external
 
@@ -106,3 +107,46 @@ def test_lazy_load_keeps_tensors_on_disk(source):
     assert all(is_external(t) for t in lazy.graph.initializer)
     eager = load_model(source)
     assert not any(is_external(t) for t in eager.graph.initializer)
+
+
+def build_external_constants(folder: Path) -> Path:
+    """Constant and ConstantOfShape-fed graph whose Constant values (tensor
+    attributes, not initializers) live in the external data file."""
+    w1 = numpy_helper.from_array((RNG.standard_normal((64, 64)) * 0.2).astype(np.float32), "w1_value")
+    w2 = numpy_helper.from_array((RNG.standard_normal((64, 64)) * 0.2).astype(np.float32), "w2_value")
+    nodes = [
+        helper.make_node("Constant", [], ["w1"], name="c1", value=w1),
+        helper.make_node("Constant", [], ["w2"], name="c2", value=w2),
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+        helper.make_node("Softmax", ["w2"], ["sw"], name="sm", axis=-1),  # black list: w2 stays fp32
+        helper.make_node("MatMul", ["h", "sw"], ["y"], name="mm2"),
+    ]
+    m = model(nodes, [value("x", shape=(4, 64))], [value("y", shape=(4, 64))])
+    convert_model_to_external_data(m, location="consts.bin", size_threshold=1024, convert_attribute=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "model.onnx"
+    onnx.save(m, str(path))
+    assert (folder / "consts.bin").stat().st_size >= 2 * 64 * 64 * 4
+    return path
+
+
+@pytest.mark.parametrize("level", ["O0", "O2"])
+def test_constants_held_in_external_data_are_read_converted_and_written(level, tmp_path):
+    source = build_external_constants(tmp_path / "in")
+    before = {p.name: p.read_bytes() for p in source.parent.iterdir()}
+    out = tmp_path / "out.onnx"
+    proc = cli(str(source), "--level", level, "-o", str(out), "--samples", "2")
+    assert proc.returncode == 0, proc.stderr
+    onnx.checker.check_model(str(out), full_check=True)
+    converted = onnx.load(str(out), load_external_data=False)
+    constants = [n for n in converted.graph.node if n.op_type == "Constant"]
+    values = {n.name: next(a.t for a in n.attribute if a.name == "value") for n in constants}
+    low = level != "O0"
+    assert values["c1"].data_type == (onnx.TensorProto.FLOAT16 if low else onnx.TensorProto.FLOAT)
+    assert values["c2"].data_type == onnx.TensorProto.FLOAT
+    # The fp32 one still lives in a data file beside the output, not the input's.
+    assert is_external(values["c2"]) and external_info(values["c2"])["location"] == "out.onnx.data"
+    x = RNG.standard_normal((4, 64)).astype(np.float32)
+    ref, got = run_path(source, x), run_path(out, x)
+    assert np.max(np.abs(ref - got)) <= (1e-2 * np.max(np.abs(ref)) + 1e-3 if low else 0)
+    assert {p.name: p.read_bytes() for p in source.parent.iterdir()} == before

@@ -17,6 +17,7 @@ from amp_convert import ConvertOptions, Precision, convert
 from amp_convert.auto import auto_convert
 from amp_convert.calibrate import calibrate
 from amp_convert.inputs import make_source
+from amp_convert.safety import ConstantRanges, value_stats
 from amp_convert.validate import ValidationConfig
 from models.hostile import CULPRITS, HOSTILE
 from models.zoo_inputs import load_manifest
@@ -84,6 +85,25 @@ def test_calibrated_rule_needs_reference_data():
     assert plan.by_name("logits").rule == "safety-data-range"
     _, plan = convert(m, level="O2", calibration=calibration, data_max=1e6)
     assert plan.by_name("logits").precision is Precision.LOW
+
+
+def test_batched_constant_statistics_match_the_per_tensor_ones():
+    """The vectorised pass over small weights must count exactly what the
+    per-tensor statistics count: maxima, zeros, values that flush to zero."""
+    rng = np.random.default_rng(0)
+    arrays = {
+        "plain": rng.standard_normal(7).astype(np.float32),
+        "zeros": np.zeros(5, np.float32),
+        "tiny": np.array([0.0, 1e-9, -2e-8, 1e-41, 2.0, -7e4], np.float32),
+        "one": np.array([1e-30], np.float32),
+        "inf": np.array([1.0, np.inf], np.float32),
+    }
+    tensors = {name: init(name, a) for name, a in arrays.items()}
+    ranges = ConstantRanges()
+    ranges.prime(tensors)
+    for name, tensor in tensors.items():
+        assert ranges.stats(name, tensor) == value_stats(arrays[name]), name
+    assert ranges.stats("tiny", tensors["tiny"]).underflow_fp16 == 3
 
 
 def test_clip_initializers_lowers_and_counts_instead_of_keeping_fp32():
