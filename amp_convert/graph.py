@@ -7,6 +7,7 @@ keeps the converter linear in the number of nodes.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -98,26 +99,25 @@ def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext |
     ctx.initializers = {t.name: t for t in graph.initializer}
     for t in graph.sparse_initializer:
         ctx.initializers.setdefault(t.values.name, t.values)
-    producer, consumers = ctx.producer, ctx.consumers
-    containers = []
-    ins, outs, ops, domains = ctx.ins, ctx.outs, ctx.ops, ctx.domains
-    for i, node in enumerate(ctx.nodes):
-        node_ins, node_outs, op, domain = node.input[:], node.output[:], node.op_type, node.domain
-        ins.append(node_ins)
-        outs.append(node_outs)
-        ops.append(op)
-        domains.append(domain)
+    nodes = ctx.nodes
+    # Column by column: each protobuf field is read once, in one comprehension.
+    ctx.ins = ins = [node.input[:] for node in nodes]
+    ctx.outs = outs = [node.output[:] for node in nodes]
+    ctx.ops = ops = [node.op_type for node in nodes]
+    ctx.domains = domains = [node.domain for node in nodes]
+    readers: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
+    for i, node_ins in enumerate(ins):
         for slot, name in enumerate(node_ins):
             if name:
-                if name in consumers:
-                    consumers[name].append((i, slot))
-                else:
-                    consumers[name] = [(i, slot)]
-        for name in node_outs:
-            producer[name] = i
-        # Only these default-domain ops carry graphs; other domains may (e.g. BeamSearch).
-        if op in GRAPH_OPS or (domain not in ("", "ai.onnx") and len(node.attribute)):
-            containers.append(i)
+                readers[name].append((i, slot))
+    ctx.consumers = consumers = dict(readers)
+    ctx.producer = producer = {name: i for i, node_outs in enumerate(outs) for name in node_outs}
+    # Only these default-domain ops carry graphs; other domains may (e.g. BeamSearch).
+    containers = [
+        i
+        for i, (op, domain) in enumerate(zip(ops, domains, strict=True))
+        if op in GRAPH_OPS or (domain not in ("", "ai.onnx") and len(nodes[i].attribute))
+    ]
     producer.pop("", None)
     _check_utf8(ctx, ops)
     for i in containers:

@@ -20,6 +20,10 @@ from .schema import Signature, is_default_domain, signature
 NOT_A_TENSOR = -1  # sequences, optionals, maps: never converted
 
 _LIKE_OPS = frozenset({"RandomNormalLike", "RandomUniformLike", "EyeLike", "Bernoulli"})
+# Default-domain ops whose output type an attribute or a subgraph decides.
+_SPECIAL_OPS = frozenset(
+    {"Constant", "ConstantOfShape", "LayerNormalization", "RMSNormalization", "QuantizeLinear", "If", "Loop", "Scan"}
+) | frozenset(DTYPE_ATTRIBUTE_OPS)
 
 
 def declared_type(value: onnx.ValueInfoProto) -> int | None:
@@ -32,8 +36,9 @@ def declared_type(value: onnx.ValueInfoProto) -> int | None:
     return NOT_A_TENSOR
 
 
-def infer_types(ctx: GraphContext, opsets: dict[str, int]) -> None:
+def infer_types(ctx: GraphContext, opsets: dict[str, int], rules: dict | None = None) -> None:
     """Fill ``ctx.types`` (and its subgraphs') with element types."""
+    rules = {} if rules is None else rules  # (op, domain, output, input count) -> how to find its type
     types = ctx.types
     g = ctx.graph
     for value in (*g.input, *g.value_info, *g.output):
@@ -46,44 +51,70 @@ def infer_types(ctx: GraphContext, opsets: dict[str, int]) -> None:
     for i, outs in enumerate(ctx.outs):
         subs = subgraphs.get(i, ()) if subgraphs else ()
         for sub in subs:
-            infer_types(sub, opsets)
+            infer_types(sub, opsets, rules)
         missing = [k for k, name in enumerate(outs) if name and name not in types]
         if not missing:
             continue
-        node = ctx.nodes[i]
-        domain = node.domain
-        opset = opsets.get("" if is_default_domain(domain) else domain)
-        sig = signature(ctx.ops[i], domain, opset) if opset is not None else None
+        op, domain, ins = ctx.ops[i], ctx.domains[i], ctx.ins[i]
+        if op in _SPECIAL_OPS and is_default_domain(domain):
+            node = ctx.nodes[i]
+            sig = _signature(op, domain, opsets)
+            for k in missing:
+                t = _output_type(ctx, i, node, k, sig, subs)
+                if t:
+                    types[outs[k]] = t
+            continue
         for k in missing:
-            t = _output_type(ctx, i, node, k, sig, subs)
+            key = (op, domain, k, len(ins))
+            rule = rules.get(key)
+            if rule is None:
+                rule = rules[key] = _generic_rule(_signature(op, domain, opsets), k, len(ins))
+            slots, fallback = rule
+            t = 0
+            for slot in slots:
+                name = ins[slot]
+                if name:
+                    t = types.get(name) or ctx.type_of(name)
+                    if t:
+                        break
+            t = t or fallback
             if t:
                 types[outs[k]] = t
 
 
-def _output_type(ctx: GraphContext, i: int, node: onnx.NodeProto, k: int, sig: Signature | None, subs) -> int:
-    if is_default_domain(node.domain):
-        special = _special_output_type(ctx, node, k, subs)
-        if special is not None:
-            return special
+def _signature(op: str, domain: str, opsets: dict[str, int]) -> Signature | None:
+    opset = opsets.get("" if is_default_domain(domain) else domain)
+    return signature(op, domain, opset) if opset is not None else None
+
+
+def _generic_rule(sig: Signature | None, k: int, n_inputs: int) -> tuple[tuple[int, ...], int]:
+    """(input slots whose type output ``k`` takes, first known wins; the type
+    when none is known) from the schema's type variables."""
     if sig is None:
-        return 0
+        return (), 0
     type_str = sig.output_type(k)
     if type_str is None:
-        return 0
+        return (), 0
     if type_str not in sig.allowed:
-        return TYPE_STR_TO_ELEM.get(type_str, NOT_A_TENSOR)
-    types = ctx.types
-    for slot, name in enumerate(ctx.ins[i]):
-        if name and sig.input_type(slot) == type_str:
-            t = types.get(name) or ctx.type_of(name)
-            if t:
-                return t
+        return (), TYPE_STR_TO_ELEM.get(type_str, NOT_A_TENSOR)
+    slots = tuple(slot for slot in range(n_inputs) if sig.input_type(slot) == type_str)
     allowed = sig.allowed[type_str]
     if len(allowed) == 1:
-        return next(iter(allowed))
-    if not allowed:  # only sequence / optional types admitted
-        return NOT_A_TENSOR
-    return 0
+        return slots, next(iter(allowed))
+    return slots, 0 if allowed else NOT_A_TENSOR
+
+
+def _output_type(ctx: GraphContext, i: int, node: onnx.NodeProto, k: int, sig: Signature | None, subs) -> int:
+    special = _special_output_type(ctx, node, k, subs)
+    if special is not None:
+        return special
+    slots, fallback = _generic_rule(sig, k, len(ctx.ins[i]))
+    for slot in slots:
+        name = ctx.ins[i][slot]
+        t = (ctx.types.get(name) or ctx.type_of(name)) if name else 0
+        if t:
+            return t
+    return fallback
 
 
 def _attr(node: onnx.NodeProto, name: str) -> onnx.AttributeProto | None:
