@@ -107,18 +107,22 @@ def lower_tensor(
     tensor.CopyFrom(new)
 
 
-def lower_small_tensors(tensors: list[onnx.TensorProto], low: LowDtype, stats: RewriteStats) -> None:
+def lower_small_tensors(
+    tensors: list[onnx.TensorProto], low: LowDtype, stats: RewriteStats, labels: list[str] | None = None
+) -> None:
     """:func:`lower_tensor` for many small raw float32 tensors in one numpy
     pass: graphs with tens of thousands of small weights would otherwise pay
     numpy's per-call overhead for each. Values out of range (rare) send the
-    batch through the tensor-by-tensor path, which clips and counts them."""
+    batch through the tensor-by-tensor path, which clips and counts them.
+    ``labels``: the names counts are reported under (default: the tensors')."""
     if not tensors:
         return
+    labels = labels or [t.name for t in tensors]
     arrays = [np.frombuffer(t.raw_data, dtype="<f4") for t in tensors]
     flat = np.concatenate(arrays)
     if not np.abs(flat).max() <= low.max:  # (also true for NaN)
-        for t in tensors:
-            lower_tensor(t, low, stats)
+        for t, label in zip(tensors, labels, strict=True):
+            lower_tensor(t, low, stats, label)
         return
     out = flat.astype(low.numpy)
     sizes = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
@@ -126,9 +130,9 @@ def lower_small_tensors(tensors: list[onnx.TensorProto], low: LowDtype, stats: R
     flushed = (flat != 0) & (out == 0)
     if flushed.any():
         counts = np.add.reduceat(flushed, ends - sizes)
-        for t, n in zip(tensors, counts.tolist(), strict=True):
+        for label, n in zip(labels, counts.tolist(), strict=True):
             if n:
-                stats.flushed[t.name] = stats.flushed.get(t.name, 0) + n
+                stats.flushed[label] = stats.flushed.get(label, 0) + n
     data = out.tobytes()
     width = out.itemsize
     start = 0
@@ -160,6 +164,7 @@ class Rewriter:
         self.base_dir = base_dir  # folder of the input's external data
         # name -> {element type: name of the tensor holding that version}, per scope
         self._versions: dict[str, dict[str, dict[int, str]]] = {}
+        self._constants: list[tuple[onnx.TensorProto, str]] = []  # small Constant values, lowered in one batch
 
     def run(self, ctx: GraphContext) -> RewriteStats:
         self._rewrite_graph(ctx)
@@ -251,6 +256,9 @@ class Rewriter:
         for value in ctx.graph.value_info:
             if value.name in changed and value.type.HasField("tensor_type"):
                 value.type.tensor_type.elem_type = changed[value.name]
+        # Before the nodes are re-listed: re-listing copies them, and these
+        # tensors belong to the nodes (and subgraphs) being copied.
+        self._lower_constants_batch()
         if top or after:
             ordered = list(top)
             for i, node in enumerate(ctx.nodes):
@@ -259,6 +267,13 @@ class Rewriter:
             ctx.graph.ClearField("node")
             ctx.graph.node.extend(ordered)
             self.stats.casts_inserted += len(top) + sum(len(v) for v in after.values())
+
+    def _lower_constants_batch(self) -> None:
+        if self._constants:
+            tensors = [t for t, _ in self._constants]
+            labels = [label for _, label in self._constants]
+            lower_small_tensors(tensors, self.low, self.stats, labels)
+            self._constants.clear()
 
     def _fix_graph_outputs(self, ctx: GraphContext, i: int, node: onnx.NodeProto, changed: dict, after: dict) -> None:
         """A graph output whose producer now writes another type keeps its
@@ -353,7 +368,10 @@ class Rewriter:
     def _lower_constant(self, node: onnx.NodeProto) -> None:
         for idx, a in enumerate(node.attribute):
             if a.name == "value":
-                lower_tensor(a.t, self.low, self.stats, node.output[0], self.base_dir)
+                if _batchable(a.t):
+                    self._constants.append((a.t, node.output[0]))
+                else:
+                    lower_tensor(a.t, self.low, self.stats, node.output[0], self.base_dir)
             elif a.name in ("value_float", "value_floats"):
                 values = np.array(a.f if a.name == "value_float" else list(a.floats), dtype=np.float32)
                 tensor = numpy_helper.from_array(to_low_array(values, self.low, node.output[0], self.stats))

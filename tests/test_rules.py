@@ -343,6 +343,44 @@ def test_small_weights_lowered_together_keep_their_values_and_counts():
     assert result.stats.initializers_lowered == 3
 
 
+def test_constant_values_in_the_main_graph_and_in_branches_are_lowered_in_place():
+    """Small Constant values are lowered together, in the main graph and in an
+    If branch (whose nodes the rewrite re-lists); a flushed value is counted
+    under the Constant's output name."""
+    k1, k2 = w(4, 4), w(4, 4)
+    k2[0, 0] = 1e-9  # flushes to 0 in fp16
+    then_g = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["k2"], name="branch_const", value=init("k2v", k2)),
+            helper.make_node("MatMul", ["h", "k2"], ["t"], name="then_mm"),
+        ],
+        "then",
+        [],
+        [value("t")],
+    )
+    else_g = helper.make_graph([helper.make_node("Relu", ["h"], ["e"], name="else_relu")], "else", [], [value("e")])
+    nodes = [
+        helper.make_node("Constant", [], ["k1"], name="const", value=init("k1v", k1)),
+        helper.make_node("MatMul", ["x", "k1"], ["h"], name="mm"),
+        helper.make_node("If", ["cond"], ["y"], name="if", then_branch=then_g, else_branch=else_g),
+    ]
+    m = model(nodes, [value("x"), value("cond", onnx.TensorProto.BOOL, shape=())], [value("y")])
+    result = convert(m, level="O3")  # (at O2 the safety rule would keep then_mm fp32 for the flushed value)
+    out = result.model
+    main_value = attr(next(n for n in out.graph.node if n.name == "const"), "value")
+    if_node = next(n for n in out.graph.node if n.op_type == "If")
+    then_out = next(a.g for a in if_node.attribute if a.name == "then_branch")
+    branch_value = attr(next(n for n in then_out.node if n.name == "branch_const"), "value")
+    assert main_value.data_type == F16 and branch_value.data_type == F16
+    assert np.array_equal(onnx.numpy_helper.to_array(main_value), k1.astype(np.float16))
+    assert np.array_equal(onnx.numpy_helper.to_array(branch_value), k2.astype(np.float16))
+    assert result.stats.flushed == {"k2": 1}
+    assert result.stats.constants_lowered == 2
+    for cond in (True, False):
+        feeds = {**x_feed(), "cond": np.array(cond)}
+        assert close(run(m, feeds)[0], run(out, feeds)[0])
+
+
 def test_safety_rule_finds_constants_behind_data_movement():
     nodes = [
         helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
