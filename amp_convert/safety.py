@@ -10,8 +10,8 @@ low precision.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -37,9 +37,9 @@ _CONSTANT_CARRIERS = PASS_THROUGH_OPS | {"Constant"}
 SMALL_CONSTANT = 16
 
 
-@dataclass(frozen=True)
-class ValueStats:
-    """What the converter needs to know about a constant's values."""
+class ValueStats(NamedTuple):
+    """What the converter needs to know about a constant's values (a tuple:
+    graphs with a hundred thousand weights make one each)."""
 
     size: int
     abs_max: float
@@ -109,16 +109,13 @@ class ConstantRanges:
         pay numpy's per-call overhead for each). Tensors with non-finite
         values are left to :meth:`stats`."""
         names, arrays = [], []
+        known, limit = self._stats, small * 4
         for name, t in initializers.items():
-            if (
-                t.data_type == onnx.TensorProto.FLOAT
-                and t.raw_data
-                and t.data_location != onnx.TensorProto.EXTERNAL
-                and 0 < len(t.raw_data) <= small * 4
-                and name not in self._stats
-            ):
-                names.append(name)
-                arrays.append(np.frombuffer(t.raw_data, dtype="<f4"))
+            if t.data_type == onnx.TensorProto.FLOAT and t.data_location != onnx.TensorProto.EXTERNAL and name not in known:
+                data = t.raw_data
+                if 0 < len(data) <= limit:
+                    names.append(name)
+                    arrays.append(np.frombuffer(data, dtype="<f4"))
         if not arrays:
             return
         sizes = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
