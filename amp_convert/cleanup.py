@@ -88,25 +88,27 @@ def _find_redundant(
 ) -> None:
     casts = dict(outer_casts)  # tensor -> the Cast node writing it
     outputs = {v.name for v in graph.output}
+    default = ("", "ai.onnx")
     for node in graph.node:
         op = node.op_type
-        if op == "Cast" and node.domain in ("", "ai.onnx"):
-            source, out, to = node.input[0], node.output[0], _cast_to(node)
-            casts[out] = node
-            if out in outputs:
-                continue
-            if types.get(source) == to:
-                renames[out] = source
-                continue
-            first = casts.get(source)
-            if first is not None:
-                origin = first.input[0]
-                if types.get(origin) == to and (to, _cast_to(first)) in EXACT_WIDENINGS:
-                    renames[out] = origin
-                    candidates.add(source)
-        else:
-            for sub in _bodies(node):
-                _find_redundant(sub, types, casts, renames, candidates)
+        if op != "Cast" or node.domain not in default:
+            if op in GRAPH_OPS or node.domain not in default:
+                for sub in _bodies(node):
+                    _find_redundant(sub, types, casts, renames, candidates)
+            continue
+        source, out, to = node.input[0], node.output[0], _cast_to(node)
+        casts[out] = node
+        if out in outputs:
+            continue
+        if types.get(source) == to:
+            renames[out] = source
+            continue
+        first = casts.get(source)
+        if first is not None:
+            origin = first.input[0]
+            if types.get(origin) == to and (to, _cast_to(first)) in EXACT_WIDENINGS:
+                renames[out] = origin
+                candidates.add(source)
 
 
 def _resolve(name: str, renames: dict[str, str]) -> str:

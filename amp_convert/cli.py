@@ -407,8 +407,8 @@ def validation_options(f):
 def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     """Convert MODEL to mixed precision, validate it, report, save."""
     from .check import check_file
-    from .external import external_files, payload
-    from .load import load_model
+    from .external import payload
+    from .load import read_model
     from .pipeline import convert
     from .save import check_output_path, save_model, write_text
 
@@ -418,14 +418,15 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     _check_output_path(model, output)
     if auto and not kw["validate"]:
         raise AmpError("--level auto measures accuracy: it cannot run with --no-validate")
-    reference = load_model(model, lazy_external=True)
+    loaded = read_model(model, lazy_external=True)
+    reference = loaded.model
     # Every output is checked before anything is converted or written.
     for target in (output, kw["plan_json"], kw["report"], kw["html"]):
         if target is not None:
             _check_output_path(model, target)
             check_output_path(target)
     folder = model.parent
-    input_files = external_files(reference)
+    input_files = loaded.external_files
     input_external = bool(input_files)
     node_count = len(reference.graph.node)
     size_before = model.stat().st_size + sum((folder / f).stat().st_size for f in input_files if (folder / f).is_file())

@@ -114,11 +114,6 @@ def has_external(model: onnx.ModelProto) -> bool:
     return any(is_external(t) for t in all_tensors(model.graph))
 
 
-def external_files(model: onnx.ModelProto) -> set[str]:
-    """The external data files (locations) the model's tensors refer to."""
-    return {external_info(t).get("location", "") for t in all_tensors(model.graph) if is_external(t)}
-
-
 def payload_bytes(model: onnx.ModelProto) -> int:
     """Size of the model saved as one file (see :func:`payload`)."""
     return payload(model).total

@@ -15,6 +15,7 @@ import contextlib
 import os
 import stat
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -22,7 +23,7 @@ import onnx.defs
 import onnx.shape_inference
 
 from .errors import AmpError
-from .external import all_tensors
+from .external import all_tensors, external_info
 from .schema import model_opsets
 
 MIN_IR_VERSION = 3
@@ -57,11 +58,22 @@ def is_input_file(path: str | os.PathLike) -> bool:
         return False
 
 
+@dataclass
+class LoadedModel:
+    model: onnx.ModelProto
+    external_files: frozenset[str]  # data files (relative to the model's folder) its tensors referred to
+
+
 def load_model(path: str | os.PathLike, *, lazy_external: bool = False) -> onnx.ModelProto:
     """Load and vet ``path``; raises AmpError with what is wrong.
 
     ``lazy_external``: tensors in external data files stay there (the
     converter reads them one at a time from the model's folder)."""
+    return read_model(path, lazy_external=lazy_external).model
+
+
+def read_model(path: str | os.PathLike, *, lazy_external: bool = False) -> LoadedModel:
+    """:func:`load_model`, also naming the external data files it read from."""
     p = Path(path)
     data = _read(p)
     _remember_input(p)
@@ -77,7 +89,7 @@ def load_model(path: str | os.PathLike, *, lazy_external: bool = False) -> onnx.
     else:
         check_input_model(data, str(p))
     del data
-    return model
+    return LoadedModel(model, frozenset(external_info(t).get("location", "") for t in external))
 
 
 # ------------------------------------------------------------------ reading

@@ -218,6 +218,8 @@ class Planner:
         self.demand = Demand(self.plan, self.low, options.io_types)
         self._slot_cache: dict = {}
         self._sigs: dict[tuple[str, str], Signature | None] = {}  # (op, domain) -> signature at the model's opset
+        self._by_kind = not (self.keep_patterns or self.force_patterns or self.keep_names or self.force_names)
+        self._decisions: dict[tuple, tuple] = {}  # (op, domain, float slots) -> decision, without name rules
         self._float_slots: list = []
 
     # ---------------------------------------------------------------- driver
@@ -278,7 +280,18 @@ class Planner:
         return entry, state
 
     def _decide(self, ctx: GraphContext, i: int, node: onnx.NodeProto, op: str, domain: str, label: str) -> tuple:
-        """(precision, rule, reason, state) from the rules in order; first match wins."""
+        """(precision, rule, reason, state) from the rules in order; first match
+        wins. Without node-name rules the decision depends only on the op and
+        which of its slots carry float32, so it is made once per such kind."""
+        if self._by_kind and op != "Cast":
+            key = (op, domain, self._float_slots[i])
+            decision = self._decisions.get(key)
+            if decision is None:
+                decision = self._decisions[key] = self._apply_rules(ctx, i, node, op, domain, label)
+            return decision
+        return self._apply_rules(ctx, i, node, op, domain, label)
+
+    def _apply_rules(self, ctx: GraphContext, i: int, node: onnx.NodeProto, op: str, domain: str, label: str) -> tuple:
         default_domain = domain in ("", "ai.onnx")
         key = op if default_domain else op_key(op, domain)
         if default_domain and op in CONTROL_FLOW_OPS:
