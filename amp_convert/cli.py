@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 import time
 import traceback
@@ -213,6 +214,24 @@ def cli() -> None:
     """
 
 
+class _Tolerance(click.ParamType):
+    """A finite, non-negative float (a tolerance of NaN or infinity checks nothing)."""
+
+    name = "tolerance"
+
+    def convert(self, value, param, ctx):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not (math.isfinite(number) and number >= 0):
+            self.fail(f"{value!r}: expected a finite number >= 0", param, ctx)
+        return number
+
+
+_TOLERANCE = _Tolerance()
+
+
 def validation_options(f):
     """Options that decide how numerics are checked (shared by convert and compare)."""
     options = [
@@ -251,16 +270,18 @@ def validation_options(f):
         ),
         click.option("--samples", type=int, default=2, show_default=True, help="Generated samples. Example: --samples 8"),
         click.option("--seed", type=int, default=0, show_default=True, help="Seed for generated inputs. Example: --seed 3"),
-        click.option("--atol", type=float, default=None, help="Absolute tolerance (fp16 1e-3, bf16 1e-2). Example: --atol 1e-2"),
+        click.option(
+            "--atol", type=_TOLERANCE, default=None, help="Absolute tolerance (fp16 1e-3, bf16 1e-2). Example: --atol 1e-2"
+        ),
         click.option(
             "--rtol",
-            type=float,
+            type=_TOLERANCE,
             default=None,
             help="Tolerance relative to the output's largest value (fp16 1e-2, bf16 5e-2). Example: --rtol 2e-2",
         ),
         click.option(
             "--min-cosine",
-            type=float,
+            type=click.FloatRange(-1.0, 1.0),
             default=None,
             help="Least cosine similarity per output (fp16 0.999, bf16 0.99). Example: --min-cosine 0.995",
         ),
@@ -270,7 +291,9 @@ def validation_options(f):
             help="Compare every intermediate tensor to find where error enters (default: on up to 20,000 tensors). "
             "Example: --no-per-node",
         ),
-        click.option("--top", type=int, default=10, show_default=True, help="Offending nodes to list. Example: --top 20"),
+        click.option(
+            "--top", type=click.IntRange(min=0), default=10, show_default=True, help="Offending nodes to list. Example: --top 20"
+        ),
         click.option(
             "--report", type=click.Path(path_type=Path), default=None, help="Write the JSON report. Example: --report report.json"
         ),

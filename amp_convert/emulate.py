@@ -78,9 +78,11 @@ def _rewrite(ctx: GraphContext, names: NameGenerator, base_dir: Path | None) -> 
     if ctx.parent is None:
         for v in graph.input:
             t = v.type.tensor_type.elem_type if v.type.HasField("tensor_type") else 0
-            if t in LOW_TYPES:  # --io-types low: feeds stay low, the twin widens them first
-                wide = names(f"{v.name}_emulated_fp32")
-                new_nodes.append(helper.make_node("Cast", [v.name], [wide], to=TensorProto.FLOAT, name=names(f"{wide}_cast")))
+            if t in LOW_TYPES:  # --io-types low: the twin takes fp32 feeds and rounds them as a low feed would be
+                v.type.tensor_type.elem_type = TensorProto.FLOAT
+                rounded, wide = names(f"{v.name}_emulated_low"), names(f"{v.name}_emulated_fp32")
+                new_nodes.append(helper.make_node("Cast", [v.name], [rounded], to=t, name=names(f"{rounded}_cast")))
+                new_nodes.append(helper.make_node("Cast", [rounded], [wide], to=TensorProto.FLOAT, name=names(f"{wide}_cast")))
                 renames[v.name] = wide
     else:
         _retype(graph.input)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ class InputSpec:
     name: str
     dtype: np.dtype
     shape: tuple[int | str | None, ...]  # ints, symbolic names, or None (unknown)
+    ranked: bool = True  # False: the model gives no shape at all (any rank goes; () is a scalar)
 
 
 def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
@@ -41,6 +43,10 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
     for v in model.graph.input:
         if v.name in inits:
             continue
+        if v.type.WhichOneof("value") != "tensor_type":
+            raise AmpError(
+                f"input {v.name!r} is not a tensor (a sequence, map or optional): validation cannot feed it; use --no-validate"
+            )
         t = v.type.tensor_type
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type))
         dims: list[int | str | None] = []
@@ -50,7 +56,7 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
                     dims.append(d.dim_value)
                 else:
                     dims.append(d.dim_param or None)
-        specs.append(InputSpec(v.name, dtype, tuple(dims)))
+        specs.append(InputSpec(v.name, dtype, tuple(dims), ranked=t.HasField("shape")))
     return specs
 
 
@@ -96,15 +102,37 @@ class InputSource:
             return len(self.files)
         return None
 
+    def _named_dims(self) -> dict[str, int]:
+        """Symbolic dimensions fixed by --input-shape, for the other inputs that
+        share them (``batch``, ``sequence``: one value across inputs)."""
+        named: dict[str, int] = {}
+        for spec in self.specs:
+            given = self.shapes.get(spec.name)
+            if given is not None and len(given) == len(spec.shape):
+                for d, value in zip(spec.shape, given, strict=True):
+                    if isinstance(d, str):
+                        named.setdefault(d, value)
+        return named
+
     def _random(self, spec: InputSpec, rng: np.random.Generator) -> np.ndarray:
-        shape = self.shapes.get(spec.name) or tuple(d if isinstance(d, int) else 1 for d in spec.shape)
+        named = self._named_dims()
+        shape = self.shapes.get(spec.name) or tuple(d if isinstance(d, int) else named.get(d, 1) for d in spec.shape)
         if spec.dtype == np.bool_:
             return rng.integers(0, 2, size=shape).astype(np.bool_)
         if np.issubdtype(spec.dtype, np.integer):
             low, high = self.ranges.get(spec.name, DEFAULT_INT_RANGE)
-            return rng.integers(int(low), int(high), size=shape).astype(spec.dtype)
+            info = np.iinfo(spec.dtype)
+            first, end = math.ceil(low), math.ceil(high)  # integers in [LOW, HIGH)
+            if not (info.min <= first < end <= info.max + 1):
+                raise AmpError(
+                    f"--input-range {spec.name}={low:g}:{high:g}: holds no {spec.dtype} value, "
+                    f"or goes beyond {spec.dtype}'s [{info.min}, {info.max}]"
+                )
+            return rng.integers(first, end, size=shape, dtype=np.int64 if info.max < 2**63 else np.uint64).astype(spec.dtype)
         if np.issubdtype(spec.dtype, np.floating):
             low, high = self.ranges.get(spec.name, DEFAULT_FLOAT_RANGE)
+            if max(abs(low), abs(high)) > float(np.finfo(spec.dtype).max):
+                raise AmpError(f"--input-range {spec.name}={low:g}:{high:g}: beyond {spec.dtype}'s range")
             return rng.uniform(low, high, size=shape).astype(np.float32).astype(spec.dtype)
         raise AmpError(f"input {spec.name!r}: cannot generate random {spec.dtype} data; give --inputs")
 
@@ -121,7 +149,7 @@ class InputSource:
             array = sample[name]
             if array.dtype != spec.dtype:
                 raise AmpError(f"{origin}: input {name!r} has dtype {array.dtype}, the model expects {spec.dtype}")
-            if spec.shape and len(array.shape) != len(spec.shape):
+            if spec.ranked and len(array.shape) != len(spec.shape):
                 raise AmpError(
                     f"{origin}: input {name!r} has shape {list(array.shape)}, the model expects rank {len(spec.shape)} "
                     f"{_shape_text(spec.shape)}"
@@ -165,10 +193,10 @@ def parse_ranges(values: Sequence[str]) -> dict[str, tuple[float, float]]:
                 raise ValueError
             low_s, high_s = rng.split(":")
             low, high = float(low_s), float(high_s)
-            if not low < high:
+            if not (low < high and math.isfinite(low) and math.isfinite(high)):
                 raise ValueError
         except ValueError:
-            raise AmpError(f"--input-range {v!r}: expected NAME=LOW:HIGH with LOW < HIGH") from None
+            raise AmpError(f"--input-range {v!r}: expected NAME=LOW:HIGH with finite LOW < HIGH") from None
         out[name] = (low, high)
     return out
 
@@ -192,7 +220,7 @@ def make_source(
     for spec in specs:
         if spec.name in shape_map:
             shape = shape_map[spec.name]
-            if spec.shape and len(shape) != len(spec.shape):
+            if spec.ranked and len(shape) != len(spec.shape):
                 raise AmpError(f"--input-shape {spec.name}: rank {len(shape)}, the model expects {_shape_text(spec.shape)}")
             for got, want in zip(shape, spec.shape, strict=False):
                 if isinstance(want, int) and got != want:
@@ -264,8 +292,9 @@ def _decode_array(path: Path, name: str, encoded: object) -> np.ndarray:
         try:
             raw = base64.b64decode(str(encoded["array"]).encode(), validate=True)
             array = np.load(io.BytesIO(raw), allow_pickle=False)
-        except (ValueError, OSError) as e:
-            raise AmpError(f"{path}: input {name!r} is not a Polygraphy-encoded array ({str(e).splitlines()[0]})") from None
+        except (ValueError, OSError, EOFError) as e:  # (EOFError: an empty or truncated array)
+            detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise AmpError(f"{path}: input {name!r} is not a Polygraphy-encoded array ({detail})") from None
         if isinstance(array, np.ndarray):
             return array
     raise AmpError(f"{path}: input {name!r} is not a Polygraphy-encoded array")

@@ -90,7 +90,7 @@ class ErrorStats:
         self.ref_inf += int(np.count_nonzero(np.isinf(r)))
         self.cand_nan += int(np.count_nonzero(np.isnan(c)))
         self.cand_inf += int(np.count_nonzero(np.isinf(c)))
-        self.new_nonfinite += int(np.count_nonzero(r_fin & ~c_fin))
+        self.new_nonfinite += _new_nonfinite(r, c, r_fin, c_fin)
         both = r_fin & c_fin
         if not both.all():
             r, c = r[both], c[both]
@@ -113,13 +113,15 @@ class ErrorStats:
         self.max_rel_err = max(self.max_rel_err, float((err / np.maximum(abs_r, floor)).max()))
 
     def _update_rms(self, ref: np.ndarray, cand: np.ndarray) -> None:
-        r = ref.astype(np.float32, copy=False)
-        c = cand.astype(np.float32, copy=False)
+        # float64: squares of values past 1e19 (attention masks filled with
+        # float32's lowest) would overflow float32 sums.
+        r = ref.astype(np.float64)
+        c = cand.astype(np.float64)
         diff = r - c
         sq_err = float(np.dot(diff, diff))
         if not math.isfinite(sq_err):
             r_fin, c_fin = np.isfinite(r), np.isfinite(c)
-            self.new_nonfinite += int(np.count_nonzero(r_fin & ~c_fin))
+            self.new_nonfinite += _new_nonfinite(r, c, r_fin, c_fin)
             both = r_fin & c_fin
             r, diff = r[both], diff[both]
             sq_err = float(np.dot(diff, diff))
@@ -166,9 +168,18 @@ class ErrorStats:
         return {
             "nonfinite": self.new_nonfinite == 0,
             "max_abs_err": self.max_abs_err <= tol.atol + tol.rtol * self.max_abs_ref,
-            # Cosine says nothing about outputs that lie within atol of zero.
+            # Cosine says nothing about outputs that lie within atol of zero...
             "cosine": self.cosine >= tol.min_cosine or self.max_abs_ref <= tol.atol,
         }
+
+    def warnings(self) -> list[str]:
+        """What passes the tolerance but a person should still see."""
+        if self.kind != "exact" and self.sum_sq_ref > 0 and self.sum_sq_cand == 0:
+            return [
+                f"every value became 0 (fp32 reaches {self.max_abs_ref:.3g}); it passes only because the whole "
+                "output is within --atol of 0: lower --atol to judge it"
+            ]
+        return []
 
     def verdict(self, tol: Tolerance) -> list[str]:
         """Reasons this output fails ``tol`` (empty: it passes)."""
@@ -208,7 +219,15 @@ class ErrorStats:
             d["failures"] = failures
             d["checks"] = self.checks(tol)
             d["limit_abs_err"] = tol.atol + tol.rtol * self.max_abs_ref
+        d["warnings"] = self.warnings()
         return d
+
+
+def _new_nonfinite(r: np.ndarray, c: np.ndarray, r_fin: np.ndarray, c_fin: np.ndarray) -> int:
+    """Candidate NaN/Inf values the reference does not have at the same place
+    (a NaN where fp32 has Inf, or an Inf of the other sign, counts)."""
+    same = (r == c) | (np.isnan(r) & np.isnan(c))
+    return int(np.count_nonzero(~c_fin & ~same))
 
 
 def _finite_or_none(x: float) -> float | None:

@@ -128,6 +128,8 @@ def terminal_table(report: dict) -> str:
         rows.append(("", "SNR dB", _fmt(out["snr_db"]) if out["snr_db"] is not None else "inf", "", ""))
         nonfinite = f"{out['cand_nan'] + out['cand_inf']} (fp32: {out['ref_nan'] + out['ref_inf']})"
         rows.append(("", "NaN/Inf", nonfinite, "no new", _pf(checks["nonfinite"])))
+        if out.get("warnings"):
+            rows.append(("", "all zeros", "yes", "within --atol", "WARN"))
     widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
     lines = ["  ".join(str(c).ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
     offenders = v["offenders"][:5]

@@ -23,7 +23,7 @@ _CPU = "CPUExecutionProvider"
 def _ort():
     import onnxruntime
 
-    onnxruntime.set_default_logger_severity(3)
+    onnxruntime.set_default_logger_severity(4)  # failures reach the user as amp-convert's one line
     return onnxruntime
 
 
@@ -50,7 +50,7 @@ def cuda_usable() -> tuple[bool, str]:
     except Exception as e:  # onnxruntime raises its own exception types
         return False, f"CUDA provider failed to start ({str(e).splitlines()[0][:120]})"
     finally:
-        ort.set_default_logger_severity(3)
+        ort.set_default_logger_severity(4)
     if sess.get_providers()[0] != _CUDA:
         return False, "no usable CUDA device"
     return True, "CUDA device found"
@@ -75,7 +75,7 @@ def session(model: onnx.ModelProto, provider: str, base_dir: str | os.PathLike |
     ort = _ort()
     providers = [_CUDA, _CPU] if provider == "cuda" else [_CPU]
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4
     try:
         if not has_external(model) and payload_bytes(model) < PROTOBUF_LIMIT:
             return ort.InferenceSession(model.SerializeToString(), options, providers=providers)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import onnx
 from onnx import TensorProto
 
@@ -170,8 +171,11 @@ class Validator:
         config = self.config if per_node is None else replace(self.config, per_node=per_node)
         low_elem = detect_low_dtype(candidate)
         dtype = _low_key(low_elem)
-        emulated, emulation_note = _decide_emulation(config.emulate, self.provider, low_elem)
+        low_inputs = _low_inputs(candidate)
+        emulated, emulation_note = _decide_emulation(config.emulate, self.provider, low_elem, low_inputs)
         runnable = emulation_twin(candidate, self.base_dir) if emulated else candidate
+        # The reference's fp32 feeds, rounded for a candidate that reads fp16 (--io-types low).
+        narrow = {} if emulated else low_inputs
         tolerance = config.tolerance or DEFAULT_TOLERANCES[dtype]
         cand_ctx = _typed(candidate)
         run_ctx = _typed(runnable) if emulated else cand_ctx
@@ -202,7 +206,8 @@ class Validator:
         tensor_stats = {n: ErrorStats(n, detailed=False) for n in tensors}
         samples = 0
         for feeds, ref_values in self._reference_runs(tensors):
-            cand_values = run(cand_sess, feeds)
+            cand_feeds = {k: (v.astype(np.float16) if k in narrow else v) for k, v in feeds.items()}
+            cand_values = run(cand_sess, cand_feeds)
             for name, stats in out_stats.items():
                 stats.update(ref_values[name], cand_values[name])
             for name, stats in tensor_stats.items():
@@ -269,11 +274,25 @@ def validate(
     return Validator(reference, source, config, cache_bytes=0, base_dir=base_dir).check(candidate, plan, progress=progress)
 
 
-def _decide_emulation(mode: str, provider: str, low_elem: int | None) -> tuple[bool, str]:
+def _low_inputs(model: onnx.ModelProto) -> dict[str, int]:
+    """Graph inputs the candidate reads in fp16/bf16 (--io-types low) -> their type."""
+    low = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+    return {
+        v.name: v.type.tensor_type.elem_type
+        for v in model.graph.input
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in low
+    }
+
+
+def _decide_emulation(mode: str, provider: str, low_elem: int | None, low_inputs: dict[str, int]) -> tuple[bool, str]:
     if low_elem is None:
         return False, "the candidate has no fp16/bf16 tensors"
     if mode == "always":
         return True, "requested (--emulate always)"
+    if TensorProto.BFLOAT16 in low_inputs.values():
+        if mode == "never":
+            raise AmpError("--emulate never: the candidate reads bfloat16 inputs, which cannot be fed from numpy")
+        return True, "the candidate reads bfloat16 inputs (fed through the emulation, rounded to bfloat16)"
     if mode == "never":
         if low_elem == TensorProto.BFLOAT16 and provider == "cpu":
             raise AmpError(

@@ -402,12 +402,21 @@ OPTION_ERRORS = {
     "config-dtype": (["--config", "{tmp}/c.toml"], "--dtype", 'dtype = "int8"\n'),
     "config-not-utf8": (["--config", "{tmp}/c.toml"], "malformed TOML", b"\xff\xfe level"),
     "config-is-a-folder": (["--config", "{tmp}"], "--config"),
+    "atol-nan": (["--atol", "nan"], "--atol"),
+    "rtol-negative": (["--rtol", "-1"], "--rtol"),
+    "min-cosine-above-1": (["--min-cosine", "2"], "--min-cosine"),
+    "top-negative": (["--top", "-1"], "--top"),
+    "input-range-infinite": (["--input-range", "input=-inf:inf"], "finite LOW < HIGH"),
+    "input-range-beyond-float32": (["--input-range", "input=-1e39:1e39"], "beyond float32's range"),
+    "polygraphy-empty-array": (["--inputs", "{tmp}/in.json"], "not a Polygraphy-encoded array", None),
 }
 
 
 def _config_case(tmp_path: Path, case: tuple) -> list[str]:
     args = case[0]
-    if len(case) > 2:
+    if len(case) > 2 and case[2] is None:  # a Polygraphy input file whose array is empty
+        (tmp_path / "in.json").write_text('[{"input": {"array": "", "polygraphy_class": "ndarray"}}]')
+    elif len(case) > 2:
         content = case[2]
         config = tmp_path / "c.toml"
         config.write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -421,6 +430,31 @@ def test_bad_option_or_config_exits_2(tmp_path, lstm, case):
     out.write_bytes(OLD)
     before = snapshot(tmp_path)
     assert_refused(cli(lstm, "-o", out, *args), OPTION_ERRORS[case][1], before, tmp_path)
+
+
+@pytest.mark.parametrize("value", ["0.2:0.9", "0:1e30"])
+def test_integer_input_range_holding_no_valid_value_exits_2(tmp_path, value):
+    """[0.2, 0.9) holds no integer; 1e30 is beyond int64."""
+    out = tmp_path / "out.onnx"
+    proc = cli(ZOO / "bert.onnx", "-o", out, "--input-range", f"input_ids={value}", "-q")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "--input-range input_ids=" in proc.stderr and not out.exists()
+
+
+def test_sequence_input_is_refused_for_validation_and_converts_without_it(tmp_path):
+    seq = onnx.helper.make_tensor_sequence_value_info("s", onnx.TensorProto.FLOAT, [2])
+    nodes = [
+        onnx.helper.make_node("SequenceAt", ["s", "zero"], ["t"], name="at"),
+        onnx.helper.make_node("Relu", ["t"], ["y"], name="relu"),
+    ]
+    zero = onnx.numpy_helper.from_array(np.array(0, np.int64), "zero")
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])
+    path = _save(tmp_path, _model(nodes, [seq], [y], initializers=[zero]))
+    out = tmp_path / "out.onnx"
+    before = snapshot(tmp_path)
+    assert_refused(cli(path, "-o", out), "is not a tensor", before, tmp_path)
+    proc = cli(path, "-o", out, "--no-validate", "-q")
+    assert proc.returncode == 0, proc.stderr
 
 
 CONFIG_BUGS = {

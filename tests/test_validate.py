@@ -21,7 +21,7 @@ from onnx import helper
 from amp_convert import convert
 from amp_convert.emulate import emulation_twin
 from amp_convert.inputs import make_source
-from amp_convert.metrics import DEFAULT_TOLERANCES, ErrorStats
+from amp_convert.metrics import DEFAULT_TOLERANCES, ErrorStats, Tolerance
 from amp_convert.report import report_schema
 from amp_convert.validate import ValidationConfig, validate
 from models.zoo_inputs import load_manifest, make_inputs
@@ -300,3 +300,88 @@ def test_per_node_diff_is_skipped_on_huge_graphs_unless_forced(monkeypatch):
     assert skipped.nodes == [] and "per-node diff skipped" in skipped.per_node_note
     forced = validate(reference, low, make_source(reference, samples=1), ValidationConfig(provider="cpu", per_node=True))
     assert forced.nodes and forced.per_node_note == ""
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_io_types_low_conversions_validate_from_fp32_feeds(dtype, tmp_path):
+    """A model that reads low inputs is fed the reference's fp32 samples,
+    rounded to its input type (directly for fp16, through the emulation for bf16)."""
+    out, report = tmp_path / "low_io.onnx", tmp_path / "r.json"
+    args = [str(ZOO["resnet50"]["path"]), "--level", "O2", "--io-types", "low", "--dtype", dtype, "-o", str(out)]
+    proc = cli(*args, "--report", str(report), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    converted = onnx.load(str(out))
+    low = onnx.TensorProto.FLOAT16 if dtype == "fp16" else onnx.TensorProto.BFLOAT16
+    assert converted.graph.input[0].type.tensor_type.elem_type == low
+    data = json.loads(report.read_text())
+    assert data["result"]["status"] == "passed" and data["validation"]["passed"]
+    [metrics] = data["validation"]["outputs"]
+    assert metrics["max_abs_err"] > 0 and metrics["cosine"] > 0.999
+    if dtype == "fp16":  # a real fp16 feed is possible: with --emulate never it is what runs
+        proc = cli(*args, "--emulate", "never", "--quiet")
+        assert proc.returncode == 0, proc.stderr
+
+
+def test_output_wiped_out_to_zeros_is_flagged_and_fails_a_tight_atol():
+    """Every fp32 value is below fp16's smallest subnormal: O3 flushes the
+    weight and the output becomes all zeros."""
+    m = model(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")],
+        [value("x", shape=(2, 8))],
+        [value("y", shape=(2, 8))],
+        [init("W", (np.eye(8) * 1e-8).astype(np.float32))],
+    )
+    out = convert(m, level="O3").model
+    result = validate(m, out, make_source(m, samples=2), ValidationConfig())
+    [metrics] = result.outputs
+    # Within the default atol of 0 the output passes, but not silently.
+    assert result.passed and any("became 0" in w for w in metrics.warnings())
+    assert metrics.as_dict(result.tolerance)["warnings"] == metrics.warnings()
+    strict = validate(
+        m, out, make_source(m, samples=2), ValidationConfig(tolerance=Tolerance(atol=1e-12, rtol=1e-2, min_cosine=0.999))
+    )
+    assert not strict.passed
+
+
+def test_new_nan_or_inf_counts_every_change_of_kind():
+    stats = ErrorStats("y")
+    ref = np.array([np.inf, -np.inf, np.nan, np.inf, 1.0, np.nan], np.float32)
+    cand = np.array([np.nan, np.inf, np.inf, np.inf, 1.0, np.nan], np.float32)
+    stats.update(ref, cand)
+    assert stats.new_nonfinite == 3  # inf->nan, -inf->inf, nan->inf; same inf and same nan are not new
+    assert stats.verdict(DEFAULT_TOLERANCES["fp16"])
+
+
+def test_per_node_error_of_huge_values_is_measured_not_overflowed():
+    stats = ErrorStats("t", detailed=False)
+    stats.update(np.array([1e20, 1e20], np.float32), np.array([1e20, 1.001e20], np.float32))
+    assert 0 < stats.relative_rms < 1e-3
+
+
+def test_input_shape_fixes_the_symbolic_dims_other_inputs_share():
+    """BERT's three inputs share (batch, sequence): one --input-shape sets all."""
+    m = onnx.load(str(ZOO["bert"]["path"]))
+    source = make_source(m, shapes=["input_ids=2x12"], samples=1)
+    [sample] = list(source)
+    assert {name: a.shape for name, a in sample.items()} == {
+        "input_ids": (2, 12),
+        "attention_mask": (2, 12),
+        "token_type_ids": (2, 12),
+    }
+
+
+def test_scalar_input_given_an_array_is_named(tmp_path):
+    m = model(
+        [helper.make_node("Mul", ["x", "s"], ["y"], name="scale")],
+        [value("x", shape=(2, 3)), value("s", shape=())],
+        [value("y", shape=(2, 3))],
+    )
+    path = tmp_path / "scalar.onnx"
+    onnx.save(m, str(path))
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, x=np.ones((2, 3), np.float32), s=np.ones(3, np.float32))
+    for args in (["--inputs", str(bad)], ["--input-shape", "s=3"]):
+        proc = cli(str(path), "-o", str(tmp_path / "o.onnx"), *args)
+        assert proc.returncode == 2, proc.stderr
+        assert "'s'" in proc.stderr or "--input-shape s" in proc.stderr
+        assert "expects" in proc.stderr and not (tmp_path / "o.onnx").exists()
