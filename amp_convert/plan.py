@@ -48,6 +48,7 @@ from .lists import (
 from .options import ConvertOptions
 from .safety import ConstantRanges, data_range_problem
 from .schema import Signature, first_opset_admitting, is_default_domain, model_opsets, op_key, signature
+from .typeinfo import NOT_A_TENSOR
 
 
 class Precision(str, Enum):
@@ -306,7 +307,7 @@ class Planner:
         if default_domain and op == "Cast" and _cast_to(node) != FLOAT:
             return Precision.UNCHANGED, "cast", "Cast to a non-float32 type reads any float version", _FIXED
         if unknown:
-            return Precision.FP32, "unknown-type", "a tensor's type is unknown; left as it is", _FIXED
+            return Precision.FP32, "unknown-type", "a tensor's type is unknown (or it is a sequence); left as it is", _FIXED
         if default_domain and self._sig(ctx, i) is None:
             return Precision.FP32, "schema", f"no schema for {op} at this opset", _FIXED
         if not default_domain and key not in self.lists.white and not self._forced(label):
@@ -438,8 +439,10 @@ class Planner:
                 states[name] = F32
 
     def _resolve_from_consumers(self, ctx: GraphContext, i: int, entry: PlanEntry) -> None:
-        """Backward pass: neutral nodes and sources run low when their
-        consumers do (all of them at O1, any of them at O2/O3)."""
+        """Backward pass: neutral nodes and sources run low when all their
+        consumers do. One fp32 reader keeps them fp32 (the low readers share a
+        Cast): lowering would hand that reader rounded data, e.g. positions
+        above 2048 into a black-listed Sin."""
         wants: set[int] = set()
         for name in ctx.outs[i]:
             if name and ctx.types.get(name) == FLOAT:
@@ -448,11 +451,10 @@ class Planner:
         if not wants:
             entry.reason = f"{entry.reason}; no consumer needs another type"
             return
-        go_low = low in wants if self.level in ("O2", "O3") else wants == {low}
-        if not go_low:
-            entry.reason = f"{entry.reason}; consumers need fp32"
+        if wants != {low}:
+            entry.reason = f"{entry.reason}; {'consumers need' if low not in wants else 'a consumer needs'} fp32"
             return
-        why = "all consumers run low" if wants == {low} else "some consumers run low"
+        why = "all consumers run low"
         # A source's own value is checked by its consumers' safety rule.
         self._try_low(ctx, i, entry, self._sig(ctx, i), safety=entry.rule != "source")
         if entry.precision is Precision.LOW:
@@ -477,6 +479,7 @@ def _float_slots(ctx: GraphContext, i: int) -> tuple[tuple[int, ...], tuple[int,
     """(float32 input slots, float32 output slots, some tensor's type unknown)."""
     types = ctx.types
     unknown = False
+    sequence = False  # a sequence, map or optional: its element type is not tracked
     ins = []
     for slot, name in enumerate(ctx.ins[i]):
         if name:
@@ -485,6 +488,8 @@ def _float_slots(ctx: GraphContext, i: int) -> tuple[tuple[int, ...], tuple[int,
                 ins.append(slot)
             elif t == 0:
                 unknown = True
+            elif t == NOT_A_TENSOR:
+                sequence = True
     outs = []
     for slot, name in enumerate(ctx.outs[i]):
         if name:
@@ -493,7 +498,11 @@ def _float_slots(ctx: GraphContext, i: int) -> tuple[tuple[int, ...], tuple[int,
                 outs.append(slot)
             elif t == 0:
                 unknown = True
-    return tuple(ins), tuple(outs), unknown
+            elif t == NOT_A_TENSOR:
+                sequence = True
+    # A float32 tensor going into or coming out of a sequence keeps its type:
+    # the sequence on the other side would change type unseen.
+    return tuple(ins), tuple(outs), unknown or (sequence and bool(ins or outs))
 
 
 def _cast_to(node: onnx.NodeProto) -> int:

@@ -66,14 +66,15 @@ def to_low_array(array: np.ndarray, low: LowDtype, name: str, stats: RewriteStat
     if a.size == 0:
         return a.astype(low.numpy)
     magnitude = np.abs(a)
-    if magnitude.max() > low.max:  # (NaN compares false: kept as NaN)
+    not_nan = ~np.isnan(magnitude)  # NaN stays NaN; it must not hide the other values from the checks
+    if np.max(magnitude, initial=0.0, where=not_nan) > low.max:
         over = np.isfinite(a) & (magnitude > low.max)
         n_over = int(np.count_nonzero(over))
         if n_over:
             a = np.where(over, np.sign(a) * np.float32(low.max), a)
             stats.clipped[name] = stats.clipped.get(name, 0) + n_over
     out = a.astype(low.numpy)
-    if magnitude.min() < low.tiny:  # only then can a value flush to zero
+    if np.min(magnitude, initial=np.inf, where=not_nan) < low.tiny:  # only then can a value flush to zero
         n_flushed = int(np.count_nonzero((a != 0) & (out.astype(np.float32) == 0)))
         if n_flushed:
             stats.flushed[name] = stats.flushed.get(name, 0) + n_flushed

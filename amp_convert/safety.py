@@ -31,7 +31,7 @@ _MAX_DEPTH = 8
 # Half the smallest subnormal rounds to zero.
 _FP16_ZERO = 2.0**-25
 _BF16_ZERO = 2.0**-134
-_CONSTANT_CARRIERS = PASS_THROUGH_OPS | {"Constant"}
+_CONSTANT_CARRIERS = PASS_THROUGH_OPS | {"Constant", "ConstantOfShape"}
 # Underflow matters for small constants (epsilons, scales) or when most of
 # the non-zero values of a tensor would vanish; a few tiny weights do not.
 SMALL_CONSTANT = 16
@@ -150,11 +150,8 @@ class ConstantRanges:
                 ctx = scope
                 continue
             op = ctx.ops[producer]
-            if op == "Constant":
-                for a in ctx.nodes[producer].attribute:
-                    if a.name == "value":
-                        return name, a.t
-                return None
+            if op in ("Constant", "ConstantOfShape"):
+                return _attribute_constant(ctx.nodes[producer], name)
             if op not in PASS_THROUGH_OPS:
                 return None
             first = ctx.ins[producer][0] if ctx.ins[producer] else ""
@@ -181,6 +178,18 @@ class ConstantRanges:
             if lost and (s.size <= SMALL_CONSTANT or lost * 2 > s.nonzero):
                 return f"safety: {lost} of {s.nonzero} non-zero values of constant {name!r} would become 0 in {low.name}"
         return None
+
+
+def _attribute_constant(node: onnx.NodeProto, name: str) -> tuple[str, onnx.TensorProto] | None:
+    """The values a Constant or ConstantOfShape node writes, as a tensor."""
+    for a in node.attribute:
+        if a.name == "value":
+            return name, a.t
+        if a.name == "value_float":
+            return name, numpy_helper.from_array(np.array(a.f, np.float32), name)
+        if a.name == "value_floats":
+            return name, numpy_helper.from_array(np.array(list(a.floats), np.float32), name)
+    return None
 
 
 def data_range_problem(ctx: GraphContext, node: onnx.NodeProto, calibration: Calibration | None, data_max: float) -> str | None:

@@ -599,3 +599,75 @@ def test_the_callers_model_is_not_modified():
     before = m.SerializeToString()
     convert(m, level="O3")
     assert m.SerializeToString() == before
+
+
+@pytest.mark.parametrize("level", ["O1", "O2", "O3"])
+def test_tensors_into_and_out_of_sequences_keep_their_type(level):
+    """SplitToSequence / ConcatFromSequence: the sequence's element type is not
+    tracked, so the float32 tensors on either side stay float32."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm1"),
+        helper.make_node("SplitToSequence", ["h"], ["sq"], name="split", axis=0),
+        helper.make_node("ConcatFromSequence", ["sq"], ["cc"], name="concat", axis=0),
+        helper.make_node("MatMul", ["cc", "W"], ["y"], name="mm2"),
+    ]
+    m = model(nodes, [value("x")], [value("y")], [init("W", w(4, 4))])
+    out, plan = convert(m, level=level)
+    assert plan.by_name("split").rule == "unknown-type"  # a float32 tensor into a sequence stays float32
+    assert plan.by_name("mm1").precision is Precision.LOW
+    feeds = x_feed()
+    assert close(run(m, feeds)[0], run(out, feeds)[0])
+
+
+def test_a_source_read_by_an_fp32_node_stays_fp32_at_o2():
+    """Cast(int64 positions -> float) feeds a black-listed Sin and a low Add:
+    lowering it would round position 3001 to 3000 before the Sin."""
+    nodes = [
+        helper.make_node("Cast", ["pos"], ["posf"], name="to_float", to=F32),
+        helper.make_node("Sin", ["posf"], ["s"], name="sin"),
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("Add", ["h", "posf"], ["y"], name="add"),
+    ]
+    m = model(nodes, [value("x"), value("pos", I64)], [value("y"), value("s")], [init("W", w(4, 4))])
+    out, plan = convert(m, level="O2")
+    assert plan.by_name("sin").precision is Precision.FP32
+    assert plan.by_name("to_float").precision is Precision.FP32
+    assert "a consumer needs fp32" in plan.by_name("to_float").reason
+    assert plan.by_name("add").precision is Precision.LOW
+    feeds = {**x_feed(), "pos": np.arange(3001, 3009, dtype=np.int64).reshape(2, 4)}
+    ref, got = run(m, feeds), run(out, feeds)
+    assert np.max(np.abs(ref[1] - got[1])) < 1e-5  # Sin saw the exact positions
+
+
+@pytest.mark.parametrize("form", ["value_float", "value_floats", "constant_of_shape"])
+def test_safety_rule_reads_every_form_of_constant(form):
+    """A scale of 1e5 held as value_float(s) or a ConstantOfShape value keeps
+    its Mul fp32 at O2, as the same value in an initializer does."""
+    if form == "constant_of_shape":
+        const = helper.make_node("ConstantOfShape", ["shape"], ["k"], name="k", value=init("kv", np.array([1e5], np.float32)))
+        inits = [init("W", w(4, 4)), init("shape", np.array([4], np.int64))]
+    else:
+        values = {"value_float": 1e5, "value_floats": [1e5, 1.0, 1.0, 1.0]}[form]
+        const = helper.make_node("Constant", [], ["k"], name="k", **{form: values})
+        inits = [init("W", w(4, 4))]
+    nodes = [
+        const,
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("Mul", ["h", "k"], ["y0"], name="scale"),
+        helper.make_node("MatMul", ["y0", "W"], ["y"], name="mm2"),
+    ]
+    m = model(nodes, [value("x")], [value("y")], inits)
+    result = convert(m, level="O2")
+    assert result.plan.by_name("scale").rule == "safety-initializer-range"
+    assert result.stats.clipped == {}
+    feeds = x_feed()
+    assert close(run(m, feeds)[0], run(result.model, feeds)[0])
+
+
+def test_a_nan_in_a_weight_does_not_hide_its_other_values_from_clipping():
+    weights = np.array([[1e6, 1, 1e-9, 0], [1, 1, 1, 1], [1, 1, 1, 1], [5, 5, np.nan, -1e6]], np.float32)
+    m = model([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], [value("x")], [value("y")], [init("W", weights)])
+    result = convert(m, level="O3")
+    stored = onnx.numpy_helper.to_array(next(t for t in result.model.graph.initializer if t.name == "W"))
+    assert result.stats.clipped == {"W": 2} and result.stats.flushed == {"W": 1}
+    assert stored[0, 0] == 65504 and stored[3, 3] == -65504 and np.isnan(stored[3, 2])
