@@ -235,6 +235,11 @@ DTYPE_ATTRIBUTE_OPS: dict[str, str] = {
     "MelWeightMatrix": "output_datatype",
 }
 VALUE_ATTRIBUTE_OPS = frozenset({"Constant", "ConstantOfShape"})
+
+# Ops whose schema admits fp16/bf16 but for which onnxruntime (1.31, CPU
+# provider) has no fp16 or bf16 kernel: a model with them low does not load.
+# They stay fp32 at every level (a --force-low still lowers them).
+NO_LOW_KERNEL_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "EyeLike"})
 SOURCE_OPS = frozenset(DTYPE_ATTRIBUTE_OPS) | VALUE_ATTRIBUTE_OPS
 
 # Inputs read only for their shape or converted anyway: any float version of

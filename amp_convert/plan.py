@@ -41,6 +41,7 @@ from .graph import GraphContext
 from .lists import (
     CONTROL_FLOW_OPS,
     DTYPE_AGNOSTIC_INPUTS,
+    NO_LOW_KERNEL_OPS,
     QUANTIZED_OPS,
     SOURCE_OPS,
     OpLists,
@@ -355,6 +356,11 @@ class Planner:
         if isinstance(slots, str):
             entry.precision, entry.rule = Precision.FP32, "schema"
             entry.reason = f"{slots} (wanted low: {entry.reason})"
+            return entry
+        forced = entry.rule in ("user-force-low", "auto-force-low")
+        if not forced and ctx.ops[i] in NO_LOW_KERNEL_OPS and is_default_domain(ctx.domains[i]):
+            entry.precision, entry.rule = Precision.FP32, "runtime"
+            entry.reason = f"onnxruntime has no {self.low.name} kernel for {ctx.ops[i]} (wanted low: {entry.reason})"
             return entry
         low_inputs, low_outputs = slots
         if safety and self.safety:
