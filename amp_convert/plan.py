@@ -220,6 +220,7 @@ class Planner:
         self.demand = Demand(self.plan, self.low, options.io_types)
         self._slot_cache: dict = {}
         self._sigs: dict[tuple[str, str], Signature | None] = {}  # (op, domain) -> signature at the model's opset
+        self._has_qdq = False  # set per graph: any DequantizeLinear / QuantizeLinear
         self._by_kind = not (self.keep_patterns or self.force_patterns or self.keep_names or self.force_names)
         self._decisions: dict[tuple, tuple] = {}  # (op, domain, float slots) -> decision, without name rules
         self._float_slots: list = []
@@ -245,6 +246,7 @@ class Planner:
         for name in ctx.initializers:
             if self._is_float_data(types.get(name, 0)):
                 states[name] = NEUTRAL
+        self._has_qdq = has_qdq = not {"DequantizeLinear", "QuantizeLinear"}.isdisjoint(ctx.ops)
         # Float32 input and output slots of every node, found once and shared by all rules.
         self._float_slots = floats = [_float_slots(ctx, i) for i in range(len(ctx.nodes))]
         pending: list[int] = []  # neutral follow nodes and sources, resolved backwards
@@ -259,7 +261,7 @@ class Planner:
             if i in subgraphs:  # bodies are planned where they run: outer values they read have their states
                 for sub in subgraphs[i]:
                     self._plan_graph(sub)
-                self._float_slots = floats
+                self._float_slots, self._has_qdq = floats, has_qdq
                 if ctx.ops[i] == "If" and entry.rule == "control-flow":
                     self._lower_if_outputs(ctx, i, entry)
             self._record_output_states(ctx, i, entry, neutral=state in (NEUTRAL, _SOURCE))
@@ -285,6 +287,10 @@ class Planner:
         """(precision, rule, reason, state) from the rules in order; first match
         wins. Without node-name rules the decision depends only on the op and
         which of its slots carry float32, so it is made once per such kind."""
+        if self._has_qdq or op == "Constant":
+            special = self._context_rule(ctx, i, node, op, domain)
+            if special is not None:
+                return special
         if self._by_kind and op != "Cast":
             key = (op, domain, self._float_slots[i])
             decision = self._decisions.get(key)
@@ -292,6 +298,21 @@ class Planner:
                 decision = self._decisions[key] = self._apply_rules(ctx, i, node, op, domain, label)
             return decision
         return self._apply_rules(ctx, i, node, op, domain, label)
+
+    def _context_rule(self, ctx: GraphContext, i: int, node: onnx.NodeProto, op: str, domain: str) -> tuple | None:
+        """Rules that look past the op type (its neighbours, its attributes)."""
+        if domain not in ("", "ai.onnx"):
+            return None
+        if self._has_qdq and self._float_slots[i][:2] != ((), ()):
+            producer, ops = ctx.producer, ctx.ops
+            fed = any(ops[producer[n]] == "DequantizeLinear" for n in ctx.ins[i] if n in producer)
+            feeds = any(ops[j] == "QuantizeLinear" for n in ctx.outs[i] for j, _ in ctx.consumers.get(n, ()))
+            if fed or feeds:
+                where = "reads a DequantizeLinear" if fed else "feeds a QuantizeLinear"
+                return Precision.FP32, "quantized", f"part of a QDQ-quantized computation ({where}): never touched", _FIXED
+        if op == "Constant" and any(a.name == "sparse_value" for a in node.attribute):
+            return Precision.FP32, "sparse-constant", "a sparse Constant value is left as it is", _FIXED
+        return None
 
     def _apply_rules(self, ctx: GraphContext, i: int, node: onnx.NodeProto, op: str, domain: str, label: str) -> tuple:
         default_domain = domain in ("", "ai.onnx")

@@ -677,3 +677,42 @@ def test_a_nan_in_a_weight_does_not_hide_its_other_values_from_clipping():
     stored = onnx.numpy_helper.to_array(next(t for t in result.model.graph.initializer if t.name == "W"))
     assert result.stats.clipped == {"W": 2} and result.stats.flushed == {"W": 1}
     assert stored[0, 0] == 65504 and stored[3, 3] == -65504 and np.isnan(stored[3, 2])
+
+
+def test_qdq_quantized_computation_is_left_as_it_is():
+    """DequantizeLinear -> Conv -> QuantizeLinear is what onnxruntime fuses into
+    QLinearConv: the Conv between them stays fp32 at every level."""
+    nodes = [
+        helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["x"], name="dq_x"),
+        helper.make_node("DequantizeLinear", ["wq", "s", "z"], ["w"], name="dq_w"),
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+        helper.make_node("QuantizeLinear", ["c", "s", "z"], ["cq"], name="q"),
+        helper.make_node("DequantizeLinear", ["cq", "s", "z"], ["y"], name="dq_y"),
+    ]
+    inits = [
+        init("wq", np.ones((2, 2, 1, 1), np.uint8)),
+        init("s", np.array(0.1, np.float32)),
+        init("z", np.array(0, np.uint8)),
+    ]
+    xq = helper.make_tensor_value_info("xq", onnx.TensorProto.UINT8, [1, 2, 4, 4])
+    m = model(nodes, [xq], [value("y", shape=(1, 2, 4, 4))], inits)
+    for level in ("O1", "O2", "O3"):
+        out, plan = convert(m, level=level)
+        assert plan.by_name("conv").rule == "quantized", level
+        assert not nodes_of(out, "Cast"), level
+
+
+def test_sparse_constant_is_left_fp32_and_the_model_stays_valid():
+    values = init("vals", np.array([2.0, 3.0], np.float32))
+    indices = init("idx", np.array([0, 5], np.int64))
+    sparse = helper.make_sparse_tensor(values, indices, [4, 4])
+    nodes = [
+        helper.make_node("Constant", [], ["k"], name="sparse_k", sparse_value=sparse),
+        helper.make_node("MatMul", ["x", "k"], ["y"], name="mm"),
+    ]
+    m = model(nodes, [value("x")], [value("y")])
+    out, plan = convert(m, level="O3")  # (convert runs the full checker on its result)
+    assert plan.by_name("sparse_k").rule == "sparse-constant"
+    assert plan.by_name("mm").precision is Precision.LOW
+    feeds = x_feed()
+    assert close(run(m, feeds)[0], run(out, feeds)[0])
