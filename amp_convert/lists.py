@@ -236,6 +236,16 @@ DTYPE_ATTRIBUTE_OPS: dict[str, str] = {
 }
 VALUE_ATTRIBUTE_OPS = frozenset({"Constant", "ConstantOfShape"})
 
+# Ops whose result is exact in any float precision (they move, pick or
+# compare values): the per-node diff never names them as adding error.
+EXACT_OPS = frozenset(
+    {
+        "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Tile", "Gather",
+        "GatherElements", "GatherND", "Slice", "Concat", "Split", "Pad", "Relu", "Max", "Min", "MaxPool",
+        "ReduceMax", "ReduceMin", "Neg", "Abs", "Where", "DepthToSpace", "SpaceToDepth",
+    }
+)  # fmt: skip
+
 # Ops whose schema admits fp16/bf16 but for which onnxruntime (1.31, CPU
 # provider) has no fp16 or bf16 kernel: a model with them low does not load.
 # They stay fp32 at every level (a --force-low still lowers them).

@@ -22,6 +22,7 @@ from .emulate import detect_low_dtype, emulation_twin
 from .errors import AmpError
 from .graph import build_context
 from .inputs import InputSource
+from .lists import EXACT_OPS
 from .metrics import DEFAULT_TOLERANCES, ErrorStats, Tolerance
 from .plan import Plan
 from .runner import choose_provider, expose, run, session
@@ -57,11 +58,20 @@ class NodeError:
 
     @property
     def added(self) -> float:
-        if math.isinf(self.error_before):
+        """Error this node adds over its worst input; a non-finite (Inf or
+        NaN) result counts as infinite, after finite inputs only."""
+        if not math.isfinite(self.error_before):
             return 0.0
-        if math.isinf(self.error_after):
+        if not math.isfinite(self.error_after):
             return math.inf
         return max(self.error_after - self.error_before, 0.0)
+
+    @property
+    def can_round(self) -> bool:
+        """Whether the node's own precision can add error: it runs low and is
+        not an op that is exact in any precision (a Gather that picks the
+        worse half of a tensor only seems to add error)."""
+        return self.precision == "low" and self.op_type not in EXACT_OPS
 
     def as_dict(self) -> dict:
         return {
@@ -95,8 +105,8 @@ class ValidationResult:
         return all(not o.verdict(self.tolerance) for o in self.outputs)
 
     def ranked(self) -> list[NodeError]:
-        """Nodes that add error over their inputs, most first (ties: earlier first)."""
-        ranked = [n for n in self.nodes if n.added > 0]
+        """Low nodes that add error over their inputs, most first (ties: earlier first)."""
+        ranked = [n for n in self.nodes if n.can_round and n.added > 0]
         ranked.sort(key=lambda n: (-n.added, n.index))
         return ranked
 

@@ -385,3 +385,17 @@ def test_scalar_input_given_an_array_is_named(tmp_path):
         assert proc.returncode == 2, proc.stderr
         assert "'s'" in proc.stderr or "--input-shape s" in proc.stderr
         assert "expects" in proc.stderr and not (tmp_path / "o.onnx").exists()
+
+
+def test_offenders_are_low_nodes_that_can_round_and_nan_counts_as_infinite():
+    from amp_convert.validate import NodeError, ValidationResult
+
+    nodes = [
+        NodeError(0, "picks_worse_half", "Gather", "low", 1e-4, 5e-4),
+        NodeError(1, "kept_fp32", "MatMul", "fp32", 1e-4, 9e-4),
+        NodeError(2, "softmax", "Softmax", "low", 1e-4, 3e-4),
+        NodeError(3, "exp", "Exp", "low", 1e-4, math.nan),
+    ]
+    result = ValidationResult("cpu", "", True, "", "fp16", DEFAULT_TOLERANCES["fp16"], 1, [], nodes)
+    assert [n.name for n in result.offenders()] == ["exp", "softmax"]
+    assert result.offenders()[0].as_dict()["error_added"] == "inf"
