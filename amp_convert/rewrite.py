@@ -166,6 +166,8 @@ class Rewriter:
         # name -> {element type: name of the tensor holding that version}, per scope
         self._versions: dict[str, dict[str, dict[int, str]]] = {}
         self._constants: list[tuple[onnx.TensorProto, str]] = []  # small Constant values, lowered in one batch
+        # per scope: (Casts to put first, Casts to put after node i), filled while its subgraphs are rewritten too
+        self._placements: dict[str, tuple[list[onnx.NodeProto], dict[int, list[onnx.NodeProto]]]] = {}
 
     def run(self, ctx: GraphContext) -> RewriteStats:
         self._rewrite_graph(ctx)
@@ -178,6 +180,7 @@ class Rewriter:
         self._versions[ctx.path] = versions
         top: list[onnx.NodeProto] = []
         after: dict[int, list[onnx.NodeProto]] = {}
+        self._placements[ctx.path] = (top, after)
         changed: dict[str, int] = {}  # tensor -> new element type (for value_info)
         low = self.low.onnx_type
 
@@ -305,7 +308,7 @@ class Rewriter:
             wanted = self.demand.output_type(ctx, name)
             if vs is None or wanted in vs or not wanted:
                 continue
-            value.name = self._version(ctx, name, wanted, top, after)
+            value.name = self._version(ctx, name, wanted, top, after, hoist=False)
 
     # ---------------------------------------------------------------- versions
 
@@ -320,9 +323,10 @@ class Rewriter:
             scope = scope.parent
         return None
 
-    def _version(self, ctx: GraphContext, name: str, need: int, top: list, after: dict) -> str:
+    def _version(self, ctx: GraphContext, name: str, need: int, top: list, after: dict, hoist: bool = True) -> str:
         """Name of ``name``'s version in element type ``need``, creating the
-        (shared) Cast the first time it is asked for."""
+        (shared) Cast the first time it is asked for. ``hoist=False`` keeps a
+        captured value's Cast in ``ctx`` (a body output must be made there)."""
         vs = self._lookup(ctx, name)
         if vs is None:
             vs = {ctx.type_of(name): name}
@@ -331,13 +335,17 @@ class Rewriter:
         source = vs.get(FLOAT) or next(iter(vs.values()))
         target = self.names(f"{name}_{_short(need)}")
         cast = self._cast_node(source, target, need)
-        producer = ctx.producer.get(name)
-        if ctx.defines(name) and producer is not None:
+        # A value captured from an outer scope is cast there, once: not once
+        # per branch, and not on every iteration of a Loop body.
+        home = ctx if ctx.defines(name) or not hoist else (ctx.scope_of(name) or ctx)
+        if home is not ctx:
+            top, after = self._placements[home.path]
+        producer = home.producer.get(name)
+        if producer is not None:
             after.setdefault(producer, []).append(cast)
-        else:  # graph input, initializer, or a value captured from an outer scope
+        else:  # graph input or initializer (or a name no scope defines)
             top.append(cast)
-        local = self._versions[ctx.path]
-        local[name] = {**vs, need: target}
+        self._versions[home.path][name] = {**vs, need: target}
         return target
 
     def _cast_node(self, source: str, target: str, to: int) -> onnx.NodeProto:

@@ -716,3 +716,35 @@ def test_sparse_constant_is_left_fp32_and_the_model_stays_valid():
     assert plan.by_name("mm").precision is Precision.LOW
     feeds = x_feed()
     assert close(run(m, feeds)[0], run(out, feeds)[0])
+
+
+def test_a_captured_value_is_cast_once_in_its_own_scope():
+    """x is read low inside both branches of an If nested in another If: one
+    Cast in the main graph serves all three bodies."""
+    inner_then = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["a"], name="in_mm")], "it", [], [value("a")])
+    inner_else = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["b"], name="in_mm2")], "ie", [], [value("b")])
+    outer_then = helper.make_graph(
+        [helper.make_node("If", ["c2"], ["t"], name="inner_if", then_branch=inner_then, else_branch=inner_else)],
+        "ot",
+        [],
+        [value("t")],
+    )
+    outer_else = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["e"], name="out_mm")], "oe", [], [value("e")])
+    nodes = [helper.make_node("If", ["c1"], ["y"], name="outer_if", then_branch=outer_then, else_branch=outer_else)]
+    bool_in = [value(c, onnx.TensorProto.BOOL, shape=()) for c in ("c1", "c2")]
+    m = model(nodes, [value("x"), *bool_in], [value("y")], [init("W", w(4, 4))])
+    out, _ = convert(m, level="O2")
+
+    def all_nodes(graph):
+        for n in graph.node:
+            yield n
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    yield from all_nodes(a.g)
+
+    casts_of_x = [n.name for n in all_nodes(out.graph) if n.op_type == "Cast" and n.input[0] == "x"]
+    assert len(casts_of_x) == 1 and casts_of_x[0] in {n.name for n in out.graph.node}  # in the main graph
+    for c1 in (True, False):
+        for c2 in (True, False):
+            feeds = {**x_feed(), "c1": np.array(c1), "c2": np.array(c2)}
+            assert close(run(m, feeds)[0], run(out, feeds)[0])
