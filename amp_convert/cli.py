@@ -689,9 +689,27 @@ def _emit_reports(report: dict, kw: dict) -> None:
 
 
 @cli.command("lists")
-@click.option("--profile", type=click.Choice(PROFILES), default="default", show_default=True, help="List profile.")
-@click.option("--level", type=click.Choice(LEVELS), default="O2", show_default=True, help="Level the lists apply to.")
-@click.option("--dtype", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True, help="Low dtype.")
+@click.option(
+    "--profile",
+    type=click.Choice(PROFILES),
+    default="default",
+    show_default=True,
+    help="List profile. Example: --profile paddle",
+)
+@click.option(
+    "--level",
+    type=click.Choice(LEVELS),
+    default="O2",
+    show_default=True,
+    help="Level the lists apply to. Example: --level O1",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["fp16", "bf16"]),
+    default="fp16",
+    show_default=True,
+    help="Low dtype. Example: --dtype bf16",
+)
 def lists_command(profile: str, level: str, dtype: str) -> None:
     """Print the white, black and follow lists in force, with reasons."""
     lists = ConvertOptions(level=level, dtype=dtype, lists=profile).validated().op_lists()

@@ -85,11 +85,12 @@ def test_config_file_and_flags_override_it(resnet, tmp_path):
     assert json.loads(plan_path.read_text())["level"] == "O1"
 
 
-def test_help_gives_an_example_for_each_option():
-    proc = cli("convert", "--help")
+@pytest.mark.parametrize(("command", "least"), [("convert", 15), ("compare", 5), ("lists", 3)])
+def test_help_gives_an_example_for_each_option(command, least):
+    proc = cli(command, "--help")
     assert proc.returncode == 0
     options = [line for line in proc.stdout.splitlines() if line.startswith("  -") and "--help" not in line]
-    assert len(options) >= 15
+    assert len(options) >= least
     assert proc.stdout.count("Example:") >= len(options)
 
 
