@@ -211,7 +211,18 @@ class Validator:
                 per_node_note = f"per-node diff skipped: {len(tensors)} tensors (over {PER_NODE_LIMIT}); --per-node forces it"
                 tensors = []
         per_node = bool(tensors) or (config.per_node is not False and not per_node_note)
-        cand_sess = session(expose(runnable, ((n, run_ctx.types[n]) for n in tensors)), self.provider, self.base_dir)
+        try:
+            cand_sess = session(expose(runnable, ((n, run_ctx.types[n]) for n in tensors)), self.provider, self.base_dir)
+        except AmpError as e:
+            if emulated or config.emulate != "auto":
+                raise
+            # A real low-precision run is impossible here (e.g. a bf16 kernel
+            # missing on CUDA): the emulation is what can be measured.
+            emulated, narrow = True, {}
+            emulation_note = f"the real {dtype} run failed ({str(e)[:160]}); emulated instead"
+            runnable = emulation_twin(candidate, self.base_dir)
+            run_ctx = _typed(runnable)
+            cand_sess = session(expose(runnable, ((n, run_ctx.types[n]) for n in tensors)), self.provider, self.base_dir)
         out_stats = {n: ErrorStats(n) for n in self.output_names}
         tensor_stats = {n: ErrorStats(n, detailed=False) for n in tensors}
         samples = 0
