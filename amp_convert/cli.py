@@ -444,10 +444,19 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     loaded = read_model(model, lazy_external=True)
     reference = loaded.model
     # Every output is checked before anything is converted or written.
-    for target in (output, kw["plan_json"], kw["report"], kw["html"]):
-        if target is not None:
+    targets = {"-o": output, "-o's data file": output.with_name(f"{output.name}.data")}
+    targets.update({flag: kw[key] for flag, key in (("--plan-json", "plan_json"), ("--report", "report"), ("--html", "html"))})
+    seen: dict[Path, str] = {}
+    for flag, target in targets.items():
+        if target is None:
+            continue
+        if flag != "-o's data file":
             _check_output_path(model, target)
             check_output_path(target)
+        key = target.resolve()
+        if key in seen:
+            raise AmpError(f"{target}: given as both {seen[key]} and {flag}; each output needs its own file")
+        seen[key] = flag
     folder = model.parent
     input_files = loaded.external_files
     input_external = bool(input_files)

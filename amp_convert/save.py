@@ -99,6 +99,9 @@ def check_output_path(target: str | os.PathLike) -> Path:
         raise AmpError(f"{target}: {folder} is not a folder")
     if target.is_dir():
         raise AmpError(f"{target}: is a directory; give a file name")
+    if target.is_symlink() or (target.exists() and not target.is_file()):
+        # The rename that makes writes atomic would replace the link, pipe or device itself.
+        raise AmpError(f"{target}: is a symbolic link, pipe or device, not a regular file; give a plain file name")
     if is_input_file(target):
         raise AmpError(f"{target}: is a file the input model was read from; choose another output (inputs are never overwritten)")
     if not os.access(folder, os.W_OK | os.X_OK):

@@ -342,6 +342,39 @@ def test_output_that_is_a_directory_is_refused(tmp_path, lstm):
     assert_refused(cli(lstm, "-o", tmp_path / "out.onnx"), "is a directory", before, tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (["--report", "{out}"], "given as both -o and --report"),
+        (["--report", "{out}.data"], "given as both -o's data file and --report"),
+        (["--plan-json", "{out}"], "given as both -o and --plan-json"),
+        (["--report", "{tmp}/r.json", "--html", "{tmp}/r.json"], "given as both --report and --html"),
+    ],
+)
+def test_two_outputs_on_one_path_are_refused(tmp_path, lstm, flags, fragment):
+    out = tmp_path / "out.onnx"
+    before = snapshot(tmp_path)
+    args = [f.format(out=out, tmp=tmp_path) for f in flags]
+    assert_refused(cli(lstm, "-o", out, *args), fragment, before, tmp_path)
+
+
+def test_output_that_is_a_symlink_or_a_pipe_is_refused(tmp_path, lstm):
+    elsewhere = tmp_path / "elsewhere.onnx"
+    elsewhere.write_bytes(OLD)
+    link = tmp_path / "link.onnx"
+    link.symlink_to(elsewhere)
+    before = snapshot(tmp_path)
+    assert_refused(cli(lstm, "-o", link), "not a regular file", before, tmp_path)
+    assert link.is_symlink() and elsewhere.read_bytes() == OLD
+    pipes = tmp_path / "pipes"  # (a snapshot would block reading a pipe: compare names only)
+    pipes.mkdir()
+    pipe = pipes / "pipe.onnx"
+    os.mkfifo(pipe)
+    proc = cli(lstm, "-o", pipe)
+    assert proc.returncode == 2 and "not a regular file" in proc.stderr, proc.stderr
+    assert stat.S_ISFIFO(pipe.lstat().st_mode) and sorted(p.name for p in pipes.iterdir()) == ["pipe.onnx"]
+
+
 def test_output_inside_a_file_is_refused(tmp_path, lstm):
     before = snapshot(tmp_path)
     assert_refused(cli(lstm, "-o", tmp_path / "lstm.onnx" / "out.onnx"), "is not a folder", before, tmp_path)
