@@ -139,7 +139,7 @@ def write_with_external_data(
                 info = external_info(tensor)
                 offset = _pad(out)
                 length = _copy_segment(
-                    Path(source_dir) / info["location"], int(info.get("offset", 0) or 0), int(info["length"]), out
+                    Path(source_dir) / info["location"], int(info.get("offset", 0) or 0), _data_length(tensor, info), out
                 )
             elif id(tensor) in initializers and tensor.ByteSize() >= INLINE_BELOW:
                 data = tensor.raw_data
@@ -161,6 +161,17 @@ def write_with_external_data(
         f.write(model.SerializeToString())
         f.flush()
         os.fsync(f.fileno())
+
+
+def _data_length(tensor: onnx.TensorProto, info: dict[str, str]) -> int:
+    """Bytes of an external tensor: its ``length`` entry, which is optional;
+    else what its shape and type hold."""
+    if info.get("length"):
+        return int(info["length"])
+    count = 1
+    for d in tensor.dims:
+        count *= d
+    return count * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
 
 
 def _pad(out) -> int:

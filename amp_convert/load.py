@@ -248,7 +248,13 @@ def _check_external_data(tensors: list[onnx.TensorProto], label: Path) -> None:
         _remember_input(target)
         offset = _int_field(info, "offset", label, tensor) or 0
         length = _int_field(info, "length", label, tensor)
-        needed = offset + (length if length is not None else _expected_bytes(tensor) or 0)
+        expected = _expected_bytes(tensor)
+        if length is not None and expected is not None and length != expected:
+            raise AmpError(
+                f"{label}: tensor {tensor.name!r} has external data length {length}, "
+                f"but its shape and type need {expected} bytes (a corrupt or mismatched model)"
+            )
+        needed = offset + (length if length is not None else expected or 0)
         size = target.stat().st_size
         if needed > size or offset > size:
             raise AmpError(

@@ -281,6 +281,12 @@ def _ext_bad_offset(tmp: Path) -> Path:
     return path
 
 
+def _ext_wrong_length(tmp: Path) -> Path:
+    path = external_model(tmp / "m")
+    set_external(path, length="4")  # every tensor holds more than 4 bytes
+    return path
+
+
 EXTERNAL_DATA = {
     "missing-file": (_ext_missing, "'weights.bin' of tensor"),
     "short-file": (_ext_short, "too short"),
@@ -288,6 +294,7 @@ EXTERNAL_DATA = {
     "absolute-path": (_ext_absolute, "absolute external data location"),
     "symlink-outside": (_ext_symlink, "through a symbolic link"),
     "negative-offset": (_ext_bad_offset, "invalid external data offset -12"),
+    "length-not-the-tensors": (_ext_wrong_length, "has external data length 4"),
 }
 
 
@@ -309,6 +316,23 @@ def test_external_data_inside_the_folder_converts(tmp_path):
     loaded = load_model(model)
     assert not any(t.data_location == TensorProto.EXTERNAL for t in _tensors(loaded.graph))
     onnx.checker.check_model(convert(model, level="O2").model, full_check=True)
+
+
+@pytest.mark.parametrize("level", ["O0", "O2"])
+def test_external_data_without_length_entries_converts(tmp_path, level):
+    """``length`` is optional in ONNX: the tensor's shape and type give it."""
+    model = onnx.load(str(external_model(tmp_path / "m")), load_external_data=False)
+    for tensor in _tensors(model.graph):
+        kept = [(e.key, e.value) for e in tensor.external_data if e.key != "length"]
+        del tensor.external_data[:]
+        for key, value in kept:
+            tensor.external_data.add(key=key, value=value)
+    path = tmp_path / "m" / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    out = tmp_path / "out.onnx"
+    proc = cli(path, "-o", out, "--level", level, "-q")
+    assert proc.returncode == 0, proc.stderr
+    onnx.checker.check_model(str(out), full_check=True)
 
 
 def test_output_over_the_inputs_external_data_is_refused(tmp_path):
