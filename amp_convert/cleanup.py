@@ -75,7 +75,11 @@ class RemoveRedundantCasts:
         if not renames:
             return PassResult(model, False)
         _apply_renames(model.graph, renames)
-        removed = _remove_unused_casts(model.graph, candidates | set(renames), set())
+        candidates |= set(renames)
+        removed = step = _remove_unused_casts(model.graph, candidates, set())
+        while step:  # a removed Cast may have been the last reader of the Cast before it
+            step = _remove_unused_casts(model.graph, candidates, set())
+            removed += step
         return PassResult(model, True, removed)
 
 

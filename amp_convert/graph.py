@@ -44,6 +44,7 @@ class GraphContext:
     output_names: list[str] = field(default_factory=list)
     initializers: dict[str, onnx.TensorProto] = field(default_factory=dict)
     types: dict[str, int] = field(default_factory=dict)  # element type per name defined or seen here
+    assumed_float: set[str] = field(default_factory=set)  # undeclared outputs of white-listed custom ops
 
     def defines(self, name: str) -> bool:
         return name in self.producer or name in self.initializers or name in self.input_set

@@ -159,7 +159,7 @@ def _convert(
         notes.append(note + (f" ({options.low.name} Casts need it)" if target > (options.target_opset or 0) else ""))
         timer.lap("upgrade")
     ctx = build_context(work.graph)
-    infer_types(ctx, model_opsets(work))
+    infer_types(ctx, model_opsets(work), assume_float=frozenset(k for k in options.op_lists().white if "::" in k))
     if calibration is None and options.safety_on:
         notes.append("calibrated range rule inactive: no reference data")
     plan = make_plan(work, ctx, options, ConstantRanges(clip=options.clip_initializers, base_dir=base_dir), calibration)

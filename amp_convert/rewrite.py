@@ -260,6 +260,10 @@ class Rewriter:
         for value in ctx.graph.value_info:
             if value.name in changed and value.type.HasField("tensor_type"):
                 value.type.tensor_type.elem_type = changed[value.name]
+        # Types the planner assumed (outputs of white-listed custom ops) are written down.
+        declared = {v.name for v in ctx.graph.value_info} if ctx.assumed_float else ()
+        for name in sorted(ctx.assumed_float.difference(declared, ctx.output_names)):
+            ctx.graph.value_info.append(helper.make_tensor_value_info(name, changed.get(name, FLOAT), None))
         # Before the nodes are re-listed: re-listing copies them, and these
         # tensors belong to the nodes (and subgraphs) being copied.
         self._lower_constants_batch()

@@ -36,8 +36,15 @@ def declared_type(value: onnx.ValueInfoProto) -> int | None:
     return NOT_A_TENSOR
 
 
-def infer_types(ctx: GraphContext, opsets: dict[str, int], rules: dict | None = None) -> None:
-    """Fill ``ctx.types`` (and its subgraphs') with element types."""
+def infer_types(
+    ctx: GraphContext, opsets: dict[str, int], rules: dict | None = None, assume_float: frozenset[str] = frozenset()
+) -> None:
+    """Fill ``ctx.types`` (and its subgraphs') with element types.
+
+    ``assume_float`` names custom-domain ops (``domain::Op``) the user put on
+    the white list: their outputs that nothing declares are taken to be
+    float32 (listing the op says it computes in float), and recorded in
+    ``ctx.assumed_float`` so the rewriter can declare them."""
     rules = {} if rules is None else rules  # (op, domain, output, input count) -> how to find its type
     types = ctx.types
     g = ctx.graph
@@ -51,7 +58,7 @@ def infer_types(ctx: GraphContext, opsets: dict[str, int], rules: dict | None = 
     for i, outs in enumerate(ctx.outs):
         subs = subgraphs.get(i, ()) if subgraphs else ()
         for sub in subs:
-            infer_types(sub, opsets, rules)
+            infer_types(sub, opsets, rules, assume_float)
         missing = [k for k, name in enumerate(outs) if name and name not in types]
         if not missing:
             continue
@@ -78,6 +85,9 @@ def infer_types(ctx: GraphContext, opsets: dict[str, int], rules: dict | None = 
                     if t:
                         break
             t = t or fallback
+            if not t and assume_float and not is_default_domain(domain) and f"{domain}::{op}" in assume_float:
+                t = TensorProto.FLOAT
+                ctx.assumed_float.add(outs[k])
             if t:
                 types[outs[k]] = t
 

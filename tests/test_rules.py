@@ -232,6 +232,29 @@ def test_custom_domain_ops_are_fp32_unless_listed():
     assert not casts_into(out2, "h")
 
 
+def test_listed_custom_op_without_declared_output_type_is_converted_and_its_output_declared():
+    """Nothing declares the custom op's output type: listing the op says it
+    computes in float, so it and the Relu it feeds run low, and the written
+    model declares the type it assumed."""
+    nodes = [
+        helper.make_node("MyOp", ["x"], ["h"], name="custom", domain="com.example"),
+        helper.make_node("Relu", ["h"], ["y"], name="relu"),
+    ]
+    m = helper.make_model(
+        helper.make_graph(nodes, "g", [value("x")], [value("y")]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)],
+    )
+    m.ir_version = 8
+    _, unlisted = convert(m, level="O2")
+    assert unlisted.by_name("relu").rule == "unknown-type"
+    out, plan = convert(m, level="O2", white_list=["com.example::MyOp"])
+    assert plan.by_name("custom").precision is Precision.LOW and plan.by_name("relu").precision is Precision.LOW
+    declared = {v.name: v.type.tensor_type.elem_type for v in out.graph.value_info}
+    assert declared["h"] == F16
+    assert [n.op_type for n in out.graph.node] == ["Cast", "MyOp", "Relu", "Cast"]
+    onnx.checker.check_model(out, full_check=True)
+
+
 # ---------------------------------------------------------------- sources and constants
 
 
@@ -443,6 +466,22 @@ def test_cast_to_float_of_fp16_data_disappears_when_its_consumers_run_low():
     out, _ = convert(m, level="O1")
     assert not any(n.name == "up" for n in out.graph.node)
     assert next(n for n in out.graph.node if n.name == "mm").input[0] == "x16"
+
+
+def test_exact_cast_pair_of_the_original_model_leaves_no_dead_cast():
+    """fp16 -> fp32 -> fp16 in the original: both Casts go once the second is
+    bypassed (the first had no other reader)."""
+    nodes = [
+        helper.make_node("Cast", ["x16"], ["x32"], name="up", to=F32),
+        helper.make_node("Cast", ["x32"], ["back"], name="down", to=F16),
+        helper.make_node("Relu", ["back"], ["y"], name="relu"),
+    ]
+    m = model(nodes, [value("x16", F16)], [value("y", F16)])
+    out, _ = convert(m, level="O2")
+    assert not nodes_of(out, "Cast")
+    assert nodes_of(out, "Relu")[0].input[0] == "x16"
+    feeds = {"x16": RNG.standard_normal((2, 4)).astype(np.float16)}
+    np.testing.assert_array_equal(run(m, feeds)[0], run(out, feeds)[0])
 
 
 def test_lossy_cast_pair_of_the_original_model_is_kept():
