@@ -31,9 +31,6 @@ from .pipeline import ConversionResult, convert
 from .plan import Plan, Precision
 from .validate import ValidationConfig, ValidationResult, Validator
 
-AUTO_STARTS = ("O3", "O1", "O2")
-
-
 @dataclass
 class Trial:
     number: int

@@ -63,10 +63,3 @@ def low_dtype(key: str) -> LowDtype:
 TYPE_STR_TO_ELEM: dict[str, int] = {
     f"tensor({name.lower()})": value for name, value in TensorProto.DataType.items() if value != TensorProto.UNDEFINED
 }
-
-
-def elem_type_name(elem_type: int) -> str:
-    """Short readable name of an ONNX element type ('float', 'float16', ...)."""
-    if elem_type == 0:
-        return "unknown"
-    return TensorProto.DataType.Name(elem_type).lower()

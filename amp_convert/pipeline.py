@@ -17,7 +17,7 @@ from pathlib import Path
 import onnx
 
 from .calibrate import Calibration
-from .check import check_converted
+from .check import CHECK_MODES, check_converted
 from .cleanup import clean_up, count_casts
 from .errors import ConversionError
 from .external import has_external, is_external
@@ -52,16 +52,6 @@ class ConversionResult:
     def __iter__(self) -> Iterator:
         yield self.model
         yield self.plan
-
-    def summary(self) -> dict:
-        return {
-            "plan": self.plan.counts(),
-            "casts_before": self.casts_before,
-            "casts_after": self.casts_after,
-            "rewrite": self.stats.as_dict(),
-            "cleanup": self.cleanup,
-            "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
-        }
 
 
 class _Timer:
@@ -134,6 +124,8 @@ def convert(
     """
     if options is not None and option_values:
         raise TypeError("pass either options or keyword options, not both")
+    if check not in CHECK_MODES:
+        raise ValueError(f"check must be one of {', '.join(CHECK_MODES)}, not {check!r}")
     options = (options or ConvertOptions(**_tuples(option_values))).validated()
     base_dir = Path(external_dir) if external_dir is not None else None
     with _no_cyclic_gc():

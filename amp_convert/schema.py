@@ -118,15 +118,6 @@ def _close_match(name: str) -> str | None:
     return lower.get(name.lower())
 
 
-def opset_of(model: onnx.ModelProto, domain: str) -> int | None:
-    """The model's opset version for ``domain`` (default domain: '' or 'ai.onnx')."""
-    wanted = DEFAULT_DOMAINS if is_default_domain(domain) else (domain,)
-    for imp in model.opset_import:
-        if imp.domain in wanted:
-            return imp.version
-    return None
-
-
 def model_opsets(model: onnx.ModelProto) -> dict[str, int]:
     """Opset per domain, with the default domain under ''."""
     return {("" if is_default_domain(o.domain) else o.domain): o.version for o in model.opset_import}
