@@ -31,6 +31,7 @@ from .pipeline import ConversionResult, convert
 from .plan import Plan, Precision
 from .validate import ValidationConfig, ValidationResult, Validator
 
+
 @dataclass
 class Trial:
     number: int
