@@ -15,8 +15,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from .emulate import low_dtype_of
 from .graph import build_context
-from .runner import choose_provider, expose, run, session
+from .runner import choose_provider, runnable
 from .schema import model_opsets
 from .typeinfo import infer_types
 
@@ -56,8 +57,11 @@ def calibrate(
     provider: str = "auto",
     keep_bytes: int = 64 << 20,
     base_dir: str | os.PathLike | None = None,
+    emulate: str = "auto",
 ) -> Calibration:
-    """Run ``model`` in fp32 on every sample with all float tensors exposed."""
+    """Run ``model`` in fp32 on every sample with all float tensors exposed
+    (a model that is itself low precision runs as validation runs it: through
+    its emulation twin where ``emulate`` and the provider call for one)."""
     ctx = build_context(model.graph)
     infer_types(ctx, model_opsets(model))
     names = [
@@ -68,13 +72,14 @@ def calibrate(
     ]
     names += [n for n in ctx.input_names if ctx.types.get(n) == TensorProto.FLOAT and n not in ctx.initializers]
     chosen, _ = choose_provider(provider)
-    sess = session(expose(model, ((n, ctx.types[n]) for n in names if n not in ctx.input_set)), chosen, base_dir)
+    exposed = ((n, ctx.types[n]) for n in names if n not in ctx.input_set)
+    ref = runnable(model, low_dtype_of(ctx), chosen, emulate, exposed, base_dir, "reference")
     result = Calibration(provider=chosen, outputs=[], source_id=id(samples))
     ranges = result.ranges
     output_names = [v.name for v in model.graph.output]
     kept_bytes = 0
     for feeds in samples:
-        values = run(sess, feeds)
+        values = ref.run(feeds)
         if result.outputs is not None:
             outputs = {n: values[n] for n in output_names}
             kept_bytes += sum(a.nbytes for a in (*outputs.values(), *feeds.values()))

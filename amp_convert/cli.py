@@ -591,7 +591,7 @@ def _calibration(reference, source, options: ConvertOptions, kw: dict, auto: boo
         source = make_source(reference, kw["calibration"], kw["input_shape"], kw["input_range"], kw["samples"], kw["seed"])
     if source is None:
         return None
-    return calibrate(reference, source, kw["provider"], base_dir=folder)
+    return calibrate(reference, source, kw["provider"], base_dir=folder, emulate=kw["emulate"])
 
 
 def _auto(reference, options: ConvertOptions, source, calibration, kw: dict, folder: Path):

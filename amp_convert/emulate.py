@@ -16,23 +16,69 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .errors import AmpError
 from .external import read_array
 from .graph import GraphContext, NameGenerator, build_context, tensor_names
 from .schema import model_opsets
 from .typeinfo import infer_types
 
 LOW_TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+EMULATE_MODES = ("auto", "always", "never")
 
 
 def detect_low_dtype(model: onnx.ModelProto) -> int | None:
     """The low dtype a (converted) model uses, if any: bf16 wins over fp16."""
     ctx = build_context(model.graph)
     infer_types(ctx, model_opsets(model))
+    return low_dtype_of(ctx)
+
+
+def low_dtype_of(ctx: GraphContext) -> int | None:
+    """``detect_low_dtype`` of a typed context."""
     seen = {t for c in ctx.walk() for t in c.types.values()}
     for t in (TensorProto.BFLOAT16, TensorProto.FLOAT16):
         if t in seen:
             return t
     return None
+
+
+def low_io(model: onnx.ModelProto) -> dict[str, int]:
+    """Graph inputs and outputs the model has in fp16/bf16 (--io-types low) -> their type."""
+    return {
+        v.name: v.type.tensor_type.elem_type
+        for v in (*model.graph.input, *model.graph.output)
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in LOW_TYPES
+    }
+
+
+def decide_emulation(
+    mode: str, provider: str, low_elem: int | None, io_types: dict[str, int], role: str = "candidate"
+) -> tuple[bool, str]:
+    """Whether a model (the candidate, or a reference that is itself low
+    precision) runs through its emulation twin, and why."""
+    if low_elem is None:
+        return False, f"the {role} has no fp16/bf16 tensors"
+    if mode == "always":
+        return True, "requested (--emulate always)"
+    if TensorProto.BFLOAT16 in io_types.values():
+        # onnxruntime's Python API takes and returns no bfloat16 arrays.
+        if mode == "never":
+            raise AmpError(
+                f"--emulate never: the {role} has bfloat16 inputs or outputs, which onnxruntime cannot exchange with numpy"
+            )
+        return True, f"the {role} has bfloat16 inputs or outputs (run through the emulation, rounded to bfloat16)"
+    if mode == "never":
+        if low_elem == TensorProto.BFLOAT16 and provider == "cpu":
+            raise AmpError(
+                f"--emulate never: the {role} computes in bfloat16 and onnxruntime's CPU provider has no bfloat16 "
+                "kernels; use --provider cuda or emulation"
+            )
+        return False, "requested (--emulate never)"
+    if provider == "cpu":
+        if low_elem == TensorProto.BFLOAT16:
+            return True, "onnxruntime's CPU provider has no bfloat16 kernels"
+        return True, "onnxruntime's CPU provider computes many fp16 ops in fp32 without rounding between them"
+    return False, "real low-precision run on CUDA"
 
 
 def emulation_twin(model: onnx.ModelProto, base_dir: Path | None = None) -> onnx.ModelProto:

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import helper
@@ -129,9 +130,9 @@ class InputSource:
                     f"or goes beyond {spec.dtype}'s [{info.min}, {info.max}]"
                 )
             return rng.integers(first, end, size=shape, dtype=np.int64 if info.max < 2**63 else np.uint64).astype(spec.dtype)
-        if np.issubdtype(spec.dtype, np.floating):
+        if np.issubdtype(spec.dtype, np.floating) or spec.dtype == np.dtype(ml_dtypes.bfloat16):  # (bf16: ml_dtypes)
             low, high = self.ranges.get(spec.name, DEFAULT_FLOAT_RANGE)
-            if max(abs(low), abs(high)) > float(np.finfo(spec.dtype).max):
+            if max(abs(low), abs(high)) > float(ml_dtypes.finfo(spec.dtype).max):
                 raise AmpError(f"--input-range {spec.name}={low:g}:{high:g}: beyond {spec.dtype}'s range")
             return rng.uniform(low, high, size=shape).astype(np.float32).astype(spec.dtype)
         raise AmpError(f"input {spec.name!r}: cannot generate random {spec.dtype} data; give --inputs")

@@ -8,7 +8,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
+
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def is_float(dtype: np.dtype) -> bool:
+    """numpy floats, and bfloat16 (an ml_dtypes type numpy sees as kind 'V')."""
+    return dtype.kind in "fc" or dtype == _BFLOAT16
 
 
 @dataclass(frozen=True)
@@ -74,11 +82,13 @@ class ErrorStats:
         if ref.shape != cand.shape:
             self.shape_mismatch += 1
             return
-        if ref.dtype.kind not in "fc":
+        if not is_float(ref.dtype):
             self.kind = "exact"
             self.count += ref.size
             self.equal += int(np.count_nonzero(ref == cand))
             return
+        # Float outputs compare in float64 whatever their dtypes (an fp16 or
+        # bf16 output of one model against float32 of the other).
         self.kind = "float"
         if not self.detailed:
             self._update_rms(ref.ravel(), cand.ravel())

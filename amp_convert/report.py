@@ -15,7 +15,8 @@ from . import __version__
 from .plan import Precision
 
 SCHEMA_ID = "amp-convert-report"
-SCHEMA_VERSION = 1
+# 2: validation.reference_emulated and reference_emulation_note (a low-precision reference).
+SCHEMA_VERSION = 2
 
 
 def report_schema() -> dict:
@@ -144,6 +145,8 @@ def terminal_table(report: dict) -> str:
     verdict = "PASS" if v["passed"] else "FAIL"
     lines.append("")
     lines.append(f"{verdict}: {v['samples']} sample(s), {how}{v['dtype']} on {v['provider']} ({v['emulation_note']})")
+    if v["reference_emulated"]:
+        lines.append(f"the reference is low precision too: emulated ({v['reference_emulation_note']})")
     return "\n".join(lines)
 
 
@@ -220,6 +223,8 @@ def _summary_line(report: dict) -> str:
     v = report.get("validation")
     if v:
         bits.append(f"{'emulated ' if v['emulated'] else ''}{v['dtype']} on {v['provider']}, {v['samples']} samples")
+        if v["reference_emulated"]:
+            bits.append("reference emulated")
     size = report["size"]
     if size["before_bytes"] and size["after_bytes"]:
         bits.append(f"size {size['before_bytes'] / 1e6:.2f} MB -> {size['after_bytes'] / 1e6:.2f} MB")

@@ -5,15 +5,18 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import TensorProto, helper
 
+from .emulate import LOW_TYPES, decide_emulation, emulation_twin, low_io
 from .errors import AmpError
 from .external import PROTOBUF_LIMIT, has_external, payload_bytes, write_with_external_data
+from .metrics import is_float
 
 PROVIDERS = ("auto", "cuda", "cpu")
 _CUDA = "CUDAExecutionProvider"
@@ -114,3 +117,109 @@ def run(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AmpError(f"onnxruntime failed to run the model: {first}") from None
     return dict(zip(names, values, strict=True))
+
+
+_FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
+
+
+def input_dtypes(model: onnx.ModelProto) -> dict[str, np.dtype]:
+    """The numpy dtype each float graph input of ``model`` declares."""
+    inits = {t.name for t in model.graph.initializer}
+    return {
+        v.name: np.dtype(helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type))
+        for v in model.graph.input
+        if v.name not in inits and v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in _FLOAT_TYPES
+    }
+
+
+def conform(feeds: dict[str, np.ndarray], dtypes: dict[str, np.dtype]) -> dict[str, np.ndarray]:
+    """``feeds`` with each float array cast to the dtype its input declares
+    (an fp16 sample for an emulation twin's float input, an fp32 sample
+    rounded for a model that reads fp16); other arrays as they are."""
+    out = {}
+    for name, array in feeds.items():
+        want = dtypes.get(name)
+        if want is not None and array.dtype != want and is_float(array.dtype):
+            array = array.astype(want)
+        out[name] = array
+    return out
+
+
+@dataclass
+class Runnable:
+    """A session of a model as validation runs it: as is, or its emulation twin."""
+
+    session: object
+    emulated: bool
+    note: str
+    inputs: dict[str, np.dtype]
+    twin: onnx.ModelProto | None = None  # the emulation twin that runs, for another session of it
+    aliases: dict[str, str] | None = None  # float32 copy -> bf16 tensor it stands for
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        values = run(self.session, conform(feeds, self.inputs))
+        for alias, name in (self.aliases or {}).items():
+            values[name] = values.pop(alias)
+        return values
+
+
+def _expose_widened(model: onnx.ModelProto, tensors: list[tuple[str, int]]) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """``expose``, with bf16 tensors read through a Cast to float32:
+    onnxruntime's Python API returns no bfloat16 arrays."""
+    exposed = expose(model, ((n, t) for n, t in tensors if t != TensorProto.BFLOAT16))
+    graph = exposed.graph
+    taken = {x for node in graph.node for x in (*node.input, *node.output, node.name)}
+    taken.update(v.name for v in (*graph.input, *graph.output))
+    aliases: dict[str, str] = {}
+    for name, elem in tensors:
+        if elem != TensorProto.BFLOAT16 or name in aliases.values():
+            continue
+        alias = f"{name}__amp_fp32"
+        while alias in taken:
+            alias += "_"
+        taken.add(alias)
+        graph.node.append(helper.make_node("Cast", [name], [alias], to=TensorProto.FLOAT, name=alias))
+        graph.output.append(helper.make_tensor_value_info(alias, TensorProto.FLOAT, None))
+        aliases[alias] = name
+    return exposed, aliases
+
+
+def runnable(
+    model: onnx.ModelProto,
+    low_elem: int | None,
+    provider: str,
+    mode: str = "auto",
+    tensors: Iterable[tuple[str, int]] = (),
+    base_dir: str | os.PathLike | None = None,
+    role: str = "candidate",
+    twin: onnx.ModelProto | None = None,
+) -> Runnable:
+    """A session of ``model`` (``low_elem``: its low dtype, from
+    ``detect_low_dtype``; ``tensors``: intermediate (name, elem type) pairs
+    to expose), through its emulation twin when ``mode`` and ``provider``
+    call for one (``twin``: one already built). Under
+    ``mode='auto'``, a model onnxruntime cannot load as is (e.g. a bf16
+    kernel missing on CUDA) falls back to the emulation."""
+    tensors = list(tensors)
+    emulated, note = decide_emulation(mode, provider, low_elem, low_io(model), role)
+
+    def start(emulate: bool) -> Runnable:
+        nonlocal twin
+        if emulate and twin is None:
+            twin = emulation_twin(model, base_dir)
+        run_model = twin if emulate else model
+        if emulate:  # the twin keeps every tensor's name; its low tensors are float
+            exposed, aliases = expose(twin, ((n, TensorProto.FLOAT if t in LOW_TYPES else t) for n, t in tensors)), {}
+        else:
+            exposed, aliases = _expose_widened(model, tensors)
+        sess = session(exposed, provider, base_dir)
+        return Runnable(sess, emulate, note, input_dtypes(run_model), twin if emulate else None, aliases)
+
+    try:
+        return start(emulated)
+    except AmpError as e:
+        if emulated or mode != "auto":
+            raise
+        dtype = "bf16" if low_elem == TensorProto.BFLOAT16 else "fp16"
+        note = f"the real {dtype} run failed ({str(e)[:160]}); emulated instead"
+        return start(True)

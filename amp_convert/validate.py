@@ -4,6 +4,13 @@ and measure how far apart they are, per output and per node.
 Both models run with their intermediate tensors exposed (node output names
 are preserved by the converter), one sample at a time; only running sums are
 kept, so memory stays at one sample's tensors whatever the sample count.
+
+A reference that is itself low precision (re-converting a converted model,
+or comparing two) is decided the way the candidate is: through its emulation
+twin where the provider cannot run it as is (bf16 on CPU; bf16 graph inputs
+or outputs anywhere) or would not round between ops (fp16 on CPU), and as a
+fallback when its real run cannot load. Each model is fed the samples cast
+to the dtypes its own inputs declare; outputs compare in float64.
 """
 
 from __future__ import annotations
@@ -14,22 +21,20 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-import numpy as np
 import onnx
 from onnx import TensorProto
 
-from .emulate import detect_low_dtype, emulation_twin
+from .emulate import EMULATE_MODES, decide_emulation, low_dtype_of, low_io
 from .errors import AmpError
 from .graph import build_context
 from .inputs import InputSource
 from .lists import EXACT_OPS
 from .metrics import DEFAULT_TOLERANCES, ErrorStats, Tolerance
 from .plan import Plan
-from .runner import choose_provider, expose, run, session
+from .runner import Runnable, choose_provider, runnable
 from .schema import model_opsets
 from .typeinfo import infer_types
 
-EMULATE_MODES = ("auto", "always", "never")
 # Exposing every tensor makes onnxruntime's session set-up grow faster than
 # the graph: above this many, the per-node diff is off unless asked for.
 PER_NODE_LIMIT = 20_000
@@ -99,6 +104,9 @@ class ValidationResult:
     top: int = 10
     seconds: float = 0.0
     per_node_note: str = ""
+    # A reference that is itself low precision may run through its emulation twin too.
+    reference_emulated: bool = False
+    reference_emulation_note: str = "the reference has no fp16/bf16 tensors"
 
     @property
     def passed(self) -> bool:
@@ -119,6 +127,8 @@ class ValidationResult:
             "provider_note": self.provider_note,
             "emulated": self.emulated,
             "emulation_note": self.emulation_note,
+            "reference_emulated": self.reference_emulated,
+            "reference_emulation_note": self.reference_emulation_note,
             "dtype": self.dtype,
             "samples": self.samples,
             "tolerance": self.tolerance.as_dict(),
@@ -167,7 +177,14 @@ class Validator:
         self.cache_bytes = cache_bytes
         self._outputs_cache = reference_outputs  # (feeds, outputs) per sample of this source, if known
         self.base_dir = base_dir  # folder of external data the models still refer to
-        self._plain_session = None
+        self._plain_session: Runnable | None = None
+        # A low-precision reference runs as the candidate would (decided here: --emulate never
+        # with a reference the provider cannot run is an error before anything runs).
+        self.ref_low = low_dtype_of(self.ref_ctx)
+        self.reference_emulated, self.reference_note = decide_emulation(
+            config.emulate, self.provider, self.ref_low, low_io(reference), role="reference"
+        )
+        self._reference_twin: onnx.ModelProto | None = None
 
     def check(
         self,
@@ -179,16 +196,10 @@ class Validator:
         """Compare ``candidate`` with the reference on every sample."""
         start = time.perf_counter()
         config = self.config if per_node is None else replace(self.config, per_node=per_node)
-        low_elem = detect_low_dtype(candidate)
-        dtype = _low_key(low_elem)
-        low_inputs = _low_inputs(candidate)
-        emulated, emulation_note = _decide_emulation(config.emulate, self.provider, low_elem, low_inputs)
-        runnable = emulation_twin(candidate, self.base_dir) if emulated else candidate
-        # The reference's fp32 feeds, rounded for a candidate that reads fp16 (--io-types low).
-        narrow = {} if emulated else low_inputs
-        tolerance = config.tolerance or DEFAULT_TOLERANCES[dtype]
         cand_ctx = _typed(candidate)
-        run_ctx = _typed(runnable) if emulated else cand_ctx
+        cand_low = low_dtype_of(cand_ctx)
+        dtype = _low_key(cand_low)
+        tolerance = config.tolerance or DEFAULT_TOLERANCES[dtype]
         cand_outputs = [v.name for v in candidate.graph.output]
         if self.output_names != cand_outputs:
             raise AmpError(f"the models' outputs differ: {self.output_names} vs {cand_outputs}")
@@ -211,24 +222,15 @@ class Validator:
                 per_node_note = f"per-node diff skipped: {len(tensors)} tensors (over {PER_NODE_LIMIT}); --per-node forces it"
                 tensors = []
         per_node = bool(tensors) or (config.per_node is not False and not per_node_note)
-        try:
-            cand_sess = session(expose(runnable, ((n, run_ctx.types[n]) for n in tensors)), self.provider, self.base_dir)
-        except AmpError as e:
-            if emulated or config.emulate != "auto":
-                raise
-            # A real low-precision run is impossible here (e.g. a bf16 kernel
-            # missing on CUDA): the emulation is what can be measured.
-            emulated, narrow = True, {}
-            emulation_note = f"the real {dtype} run failed ({str(e)[:160]}); emulated instead"
-            runnable = emulation_twin(candidate, self.base_dir)
-            run_ctx = _typed(runnable)
-            cand_sess = session(expose(runnable, ((n, run_ctx.types[n]) for n in tensors)), self.provider, self.base_dir)
+        # Through the emulation twin when the provider calls for it, or (auto) when the real
+        # low-precision run cannot load (e.g. a bf16 kernel missing on CUDA).
+        exposed = ((n, cand_ctx.types[n]) for n in tensors)
+        cand = runnable(candidate, cand_low, self.provider, config.emulate, exposed, self.base_dir, "candidate")
         out_stats = {n: ErrorStats(n) for n in self.output_names}
         tensor_stats = {n: ErrorStats(n, detailed=False) for n in tensors}
         samples = 0
         for feeds, ref_values in self._reference_runs(tensors):
-            cand_feeds = {k: (v.astype(np.float16) if k in narrow else v) for k, v in feeds.items()}
-            cand_values = run(cand_sess, cand_feeds)
+            cand_values = cand.run(feeds)  # the samples cast to the dtypes the candidate's inputs declare
             for name, stats in out_stats.items():
                 stats.update(ref_values[name], cand_values[name])
             for name, stats in tensor_stats.items():
@@ -242,15 +244,17 @@ class Validator:
         result = ValidationResult(
             self.provider,
             self.provider_note,
-            emulated,
-            emulation_note,
+            cand.emulated,
+            cand.note,
             dtype,
             tolerance,
             samples,
             list(out_stats.values()),
             top=config.top,
+            per_node_note=per_node_note,
+            reference_emulated=self.reference_emulated,
+            reference_emulation_note=self.reference_note,
         )
-        result.per_node_note = per_node_note
         if per_node:
             result.nodes = _node_errors(self.ref_ctx, cand_ctx, {**tensor_stats, **out_stats}, plan)
         result.seconds = time.perf_counter() - start
@@ -259,19 +263,19 @@ class Validator:
     def _reference_runs(self, tensors: list[str]) -> Iterator[tuple[dict, dict]]:
         """(feeds, reference values) per sample; outputs-only runs are cached when small."""
         if tensors:
-            sess = session(expose(self.reference, ((n, self.ref_ctx.types[n]) for n in tensors)), self.provider, self.base_dir)
+            ref = self._reference_session((n, self.ref_ctx.types[n]) for n in tensors)
             for feeds in self.source:
-                yield feeds, run(sess, feeds)
+                yield feeds, ref.run(feeds)
             return
         if self._outputs_cache is not None:
             yield from self._outputs_cache
             return
         if self._plain_session is None:
-            self._plain_session = session(self.reference, self.provider, self.base_dir)
+            self._plain_session = self._reference_session(())
         kept: list[tuple[dict, dict]] | None = []
         size = 0
         for feeds in self.source:
-            values = run(self._plain_session, feeds)
+            values = self._plain_session.run(feeds)
             if kept is not None:
                 size += sum(v.nbytes for v in values.values()) + sum(v.nbytes for v in feeds.values())
                 if size <= self.cache_bytes:
@@ -280,6 +284,18 @@ class Validator:
                     kept = None
             yield feeds, values
         self._outputs_cache = kept
+
+    def _reference_session(self, tensors) -> Runnable:
+        # Decided once (its twin kept): a real run that cannot load falls back to the emulation under auto.
+        mode = "always" if self.reference_emulated else self.config.emulate
+        ref = runnable(
+            self.reference, self.ref_low, self.provider, mode, tensors, self.base_dir, "reference", self._reference_twin
+        )
+        if ref.emulated:
+            self._reference_twin = ref.twin
+            if not self.reference_emulated:
+                self.reference_emulated, self.reference_note = True, ref.note
+        return ref
 
 
 def validate(
@@ -293,38 +309,6 @@ def validate(
 ) -> ValidationResult:
     """Compare ``candidate`` with ``reference`` on every sample of ``source``."""
     return Validator(reference, source, config, cache_bytes=0, base_dir=base_dir).check(candidate, plan, progress=progress)
-
-
-def _low_inputs(model: onnx.ModelProto) -> dict[str, int]:
-    """Graph inputs the candidate reads in fp16/bf16 (--io-types low) -> their type."""
-    low = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
-    return {
-        v.name: v.type.tensor_type.elem_type
-        for v in model.graph.input
-        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in low
-    }
-
-
-def _decide_emulation(mode: str, provider: str, low_elem: int | None, low_inputs: dict[str, int]) -> tuple[bool, str]:
-    if low_elem is None:
-        return False, "the candidate has no fp16/bf16 tensors"
-    if mode == "always":
-        return True, "requested (--emulate always)"
-    if TensorProto.BFLOAT16 in low_inputs.values():
-        if mode == "never":
-            raise AmpError("--emulate never: the candidate reads bfloat16 inputs, which cannot be fed from numpy")
-        return True, "the candidate reads bfloat16 inputs (fed through the emulation, rounded to bfloat16)"
-    if mode == "never":
-        if low_elem == TensorProto.BFLOAT16 and provider == "cpu":
-            raise AmpError(
-                "--emulate never: onnxruntime's CPU provider has no bfloat16 kernels; use --provider cuda or emulation"
-            )
-        return False, "requested (--emulate never)"
-    if provider == "cpu":
-        if low_elem == TensorProto.BFLOAT16:
-            return True, "onnxruntime's CPU provider has no bfloat16 kernels"
-        return True, "onnxruntime's CPU provider computes many fp16 ops in fp32 without rounding between them"
-    return False, "real low-precision run on CUDA"
 
 
 def _typed(model: onnx.ModelProto):

@@ -399,3 +399,136 @@ def test_offenders_are_low_nodes_that_can_round_and_nan_counts_as_infinite():
     result = ValidationResult("cpu", "", True, "", "fp16", DEFAULT_TOLERANCES["fp16"], 1, [], nodes)
     assert [n.name for n in result.offenders()] == ["exp", "softmax"]
     assert result.offenders()[0].as_dict()["error_added"] == "inf"
+
+
+def _casts(m: onnx.ModelProto) -> int:
+    return sum(n.op_type == "Cast" for n in m.graph.node)
+
+
+def _outputs(m: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
+    """Outputs of ``m`` through its emulation twin (ORT's CPU provider has no
+    bf16 kernels), fed ``x`` as the twin's float input."""
+    from helpers import run
+
+    twin = emulation_twin(m)
+    return run(twin, {twin.graph.input[0].name: x})
+
+
+@pytest.mark.parametrize("io", ["keep", "low"])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_reconverting_an_output_with_validation_adds_no_cast_and_changes_no_numerics(dtype, io, tmp_path):
+    """Idempotence with validation on: the reference of the second run is the
+    first run's low-precision output (bf16 kernels ORT's CPU provider lacks;
+    fp16 or bf16 graph inputs under --io-types low). It runs through the
+    emulation as the candidate does, each fed the samples in its own input
+    dtype, so the two measure identical."""
+    first, second = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    report = tmp_path / "b.json"
+    proc = cli(str(ZOO["resnet50"]["path"]), "--level", "O2", "--dtype", dtype, "--io-types", io, "-o", str(first), "-q")
+    assert proc.returncode == 0, proc.stderr
+    proc = cli(str(first), "--level", "O2", "--dtype", dtype, "-o", str(second), "--report", str(report))
+    assert proc.returncode == 0, proc.stderr
+    assert "the reference is low precision too: emulated" in proc.stdout
+    data = json.loads(report.read_text())
+    jsonschema.validate(data, report_schema())
+    v = data["validation"]
+    assert data["result"]["status"] == "passed" and v["emulated"] and v["reference_emulated"]
+    assert v["dtype"] == dtype and v["nodes"]  # per-node diff ran on both emulated models
+    assert all(o["max_abs_err"] == 0 and o["passed"] for o in v["outputs"])
+    a, b = onnx.load(str(first)), onnx.load(str(second))
+    assert _casts(b) <= _casts(a)
+    assert [i.type.tensor_type.elem_type for i in b.graph.input] == [i.type.tensor_type.elem_type for i in a.graph.input]
+    x = np.random.default_rng(3).uniform(-1, 1, size=(1, 3, 64, 64)).astype(np.float32)
+    for out_a, out_b in zip(_outputs(a, x), _outputs(b, x), strict=True):
+        assert np.array_equal(out_a, out_b)
+    if dtype == "fp16":  # fp16 also runs as is on the CPU provider, fed its declared input dtype
+        from helpers import run
+
+        feed = x.astype(np.float16) if io == "low" else x
+        for out_a, out_b in zip(run(a, {"input": feed}), run(b, {"input": feed}), strict=True):
+            assert np.array_equal(out_a, out_b)
+
+
+def test_compare_with_a_bf16_reference_emulates_it(tmp_path):
+    """`compare REF CAND` where REF computes in bf16: the reference cannot run
+    on ORT's CPU provider as is, so it runs through its emulation twin."""
+    paths = {}
+    for name, dtype in (("bf16", "bf16"), ("fp16", "fp16")):
+        paths[name] = tmp_path / f"{name}.onnx"
+        proc = cli(str(ZOO["vit"]["path"]), "--dtype", dtype, "-o", str(paths[name]), "--no-validate", "-q")
+        assert proc.returncode == 0, proc.stderr
+    report = tmp_path / "cmp.json"
+    proc = cli("compare", str(paths["bf16"]), str(paths["bf16"]), "--report", str(report), "--samples", "1", "-q")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(report.read_text())
+    jsonschema.validate(data, report_schema())
+    v = data["validation"]
+    assert data["command"] == "compare" and v["reference_emulated"] and v["emulated"]
+    assert "bfloat16" in v["reference_emulation_note"]
+    assert all(o["max_abs_err"] == 0 for o in v["outputs"]) and v["nodes"]
+    # An fp16 candidate against the bf16 reference: measured, not refused.
+    proc = cli("compare", str(paths["bf16"]), str(paths["fp16"]), "--json", "--samples", "1", "--rtol", "0.1")
+    assert proc.returncode in (0, 1), proc.stderr
+    v = json.loads(proc.stdout)["validation"]
+    assert v["reference_emulated"] and v["dtype"] == "fp16" and 0 < v["outputs"][0]["max_abs_err"] < math.inf
+    # --emulate never: the bf16 reference cannot run on the CPU provider; said before anything runs.
+    proc = cli("compare", str(paths["bf16"]), str(paths["fp16"]), "--emulate", "never", "--provider", "cpu")
+    assert proc.returncode == 2 and "the reference computes in bfloat16" in proc.stderr
+
+
+def test_fp32_reference_is_not_emulated_and_bf16_outputs_compare_as_floats():
+    import ml_dtypes
+
+    entry = ZOO["resnet50"]
+    reference = onnx.load(entry["path"])
+    low = convert(reference, level="O2", dtype="bf16").model
+    v = validate(reference, low, make_source(reference, samples=1), ValidationConfig(provider="cpu"))
+    assert not v.reference_emulated and v.reference_emulation_note == "the reference has no fp16/bf16 tensors"
+    stats = ErrorStats("y")
+    ref = np.array([1.0, -2.0, 3.0], np.float32)
+    stats.update(ref, ref.astype(ml_dtypes.bfloat16))
+    assert stats.kind == "float" and stats.max_abs_err == 0
+    stats.update(ref.astype(ml_dtypes.bfloat16), np.array([1.0, -2.0, 3.5], np.float32))
+    assert stats.kind == "float" and stats.max_abs_err == 0.5
+
+
+def test_a_real_run_exposes_bf16_tensors_as_float32():
+    """onnxruntime's Python API returns no bfloat16 arrays: a real (not
+    emulated) run, as on CUDA, reads an exposed bf16 tensor through a Cast
+    to float32 under its own name. (The CPU provider has bf16 Cast kernels:
+    the run is real here too.)"""
+    import ml_dtypes
+
+    from amp_convert.runner import runnable
+
+    m = model(
+        [
+            helper.make_node("Cast", ["x"], ["h"], to=onnx.TensorProto.BFLOAT16, name="narrow"),
+            helper.make_node("Cast", ["h"], ["y"], to=onnx.TensorProto.FLOAT, name="widen"),
+        ],
+        [value("x", shape=(3,))],
+        [value("y", shape=(3,))],
+    )
+    # low_elem None: taken as a model with nothing to emulate, so it runs as is.
+    ran = runnable(m, None, "cpu", "auto", [("h", onnx.TensorProto.BFLOAT16)])
+    assert not ran.emulated
+    x = np.array([1.0, 1.00390625, 3.14159], np.float32)
+    values = ran.run({"x": x})
+    assert set(values) == {"y", "h"} and values["h"].dtype == np.float32
+    assert np.array_equal(values["h"], x.astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def test_bf16_inputs_or_outputs_always_run_through_the_emulation():
+    """Even where bf16 kernels exist (CUDA), a model with bf16 graph inputs or
+    outputs cannot be fed or read from Python: emulated, or refused under never."""
+    from amp_convert.emulate import decide_emulation
+    from amp_convert.errors import AmpError
+
+    bf16, fp16 = onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT16
+    assert decide_emulation("auto", "cuda", bf16, {})[0] is False
+    for role in ("candidate", "reference"):
+        emulated, note = decide_emulation("auto", "cuda", bf16, {"logits": bf16}, role)
+        assert emulated and f"the {role} has bfloat16 inputs or outputs" in note
+        with pytest.raises(AmpError, match=f"the {role} has bfloat16"):
+            decide_emulation("never", "cuda", bf16, {"logits": bf16}, role)
+    assert decide_emulation("never", "cuda", fp16, {"logits": fp16}) == (False, "requested (--emulate never)")
