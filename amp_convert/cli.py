@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import sys
 import time
 import traceback
@@ -105,24 +106,37 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
     if not value:
         return value
     path = Path(value)
-    if path.is_dir():
-        raise click.BadParameter(f"{value}: is a directory, not a TOML file", param_hint="--config")
-    if not path.is_file():
-        raise click.BadParameter(f"{value}: no such file", param_hint="--config")
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
     try:
+        if path.is_dir():
+            raise click.BadParameter(f"{value}: is a directory, not a TOML file", param_hint="--config")
+        if not path.is_file():
+            raise click.BadParameter(f"{value}: no such file", param_hint="--config")
         data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise click.BadParameter(f"{value}: cannot be read ({e.strerror or e})", param_hint="--config") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise click.BadParameter(f"{value}: malformed TOML ({e})", param_hint="--config") from None
-    section = data.get("amp-convert", data.get("amp_convert", data))
-    if not isinstance(section, dict):
+    except RecursionError:
+        raise click.BadParameter(f"{value}: malformed TOML (nested too deeply)", param_hint="--config") from None
+    table = next((k for k in ("amp-convert", "amp_convert") if k in data), None)
+    if table is not None:
+        outside = sorted(k for k in data if k != table)
+        if outside:
+            raise click.BadParameter(
+                f"{value}: {outside[0]!r} is outside the [{table}] table; put every option in it "
+                "(or all at the top level, without the table)",
+                param_hint="--config",
+            )
+        data = data[table]
+    if not isinstance(data, dict):
         raise click.BadParameter(f"{value}: [amp-convert] must be a table of options", param_hint="--config")
     params = {p.name: p for p in ctx.command.params}
     defaults: dict[str, Any] = {}
-    for key, v in section.items():
+    for key, v in data.items():
         norm = key.replace("-", "_")
         if norm not in CONFIG_KEYS:
             raise click.BadParameter(f"{value}: unknown option {key!r}", param_hint="--config")
@@ -132,6 +146,7 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
                 raise click.BadParameter(f"{value}: {key} must be a string or a list of strings", param_hint="--config")
         elif name in params:
+            _check_config_number(value, key, v, params[name].type)
             try:
                 params[name].type_cast_value(ctx, v)
             except (click.BadParameter, TypeError, ValueError, AttributeError) as e:
@@ -140,6 +155,28 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
         defaults[name] = v
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     return value
+
+
+def _check_config_number(config: str, key: str, v: object, kind: click.ParamType) -> None:
+    """TOML numbers for numeric options: click would turn ``samples = 1.5``
+    into 1 and ``atol = true`` into 1.0."""
+    if isinstance(kind, click.types.IntParamType):
+        wanted, types = "an integer", (int,)
+    elif isinstance(kind, (click.types.FloatParamType, _Tolerance)):
+        wanted, types = "a number", (int, float)
+    else:
+        return
+    if not isinstance(v, types) or isinstance(v, bool):
+        raise click.BadParameter(f"{config}: {key} must be {wanted}, got {v!r}", param_hint="--config")
+
+
+def _file_path(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Path | None:
+    """An output file name; one ending in a separator (or ``.``, ``..``) names a folder."""
+    if value is None:
+        return None
+    if os.path.basename(value) in ("", ".", ".."):
+        raise click.BadParameter(f"{value}: names a directory; give a file name")
+    return Path(value)
 
 
 def conversion_options(f):
@@ -269,7 +306,13 @@ def validation_options(f):
             help="Value range for generated inputs (integers: [LOW, HIGH)). Example: --input-range input_ids=0:30522",
         ),
         click.option("--samples", type=int, default=2, show_default=True, help="Generated samples. Example: --samples 8"),
-        click.option("--seed", type=int, default=0, show_default=True, help="Seed for generated inputs. Example: --seed 3"),
+        click.option(
+            "--seed",
+            type=click.IntRange(min=0),
+            default=0,
+            show_default=True,
+            help="Seed for generated inputs. Example: --seed 3",
+        ),
         click.option(
             "--atol", type=_TOLERANCE, default=None, help="Absolute tolerance (fp16 1e-3, bf16 1e-2). Example: --atol 1e-2"
         ),
@@ -295,10 +338,18 @@ def validation_options(f):
             "--top", type=click.IntRange(min=0), default=10, show_default=True, help="Offending nodes to list. Example: --top 20"
         ),
         click.option(
-            "--report", type=click.Path(path_type=Path), default=None, help="Write the JSON report. Example: --report report.json"
+            "--report",
+            type=click.Path(),
+            callback=_file_path,
+            default=None,
+            help="Write the JSON report. Example: --report report.json",
         ),
         click.option(
-            "--html", type=click.Path(path_type=Path), default=None, help="Write the HTML report. Example: --html report.html"
+            "--html",
+            type=click.Path(),
+            callback=_file_path,
+            default=None,
+            help="Write the HTML report. Example: --html report.html",
         ),
         click.option("--json", "json_out", is_flag=True, help="Print the JSON report to stdout. Example: --json"),
         click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors. Example: -q"),
@@ -314,7 +365,8 @@ def validation_options(f):
 @click.option(
     "-o",
     "--output",
-    type=click.Path(path_type=Path),
+    type=click.Path(),
+    callback=_file_path,
     default=None,
     help="Output file (default: MODEL with a .fp16/.bf16 suffix). Example: -o out.onnx",
 )
@@ -405,7 +457,11 @@ def validation_options(f):
 )
 @click.option("--explain", is_flag=True, help="Print the plan: node, op, precision, reason. Example: --explain")
 @click.option(
-    "--plan-json", type=click.Path(path_type=Path), default=None, help="Write the plan as JSON. Example: --plan-json plan.json"
+    "--plan-json",
+    type=click.Path(),
+    callback=_file_path,
+    default=None,
+    help="Write the plan as JSON. Example: --plan-json plan.json",
 )
 @click.option(
     "--validate/--no-validate",
@@ -433,12 +489,11 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     from .external import payload
     from .load import read_model
     from .pipeline import convert
-    from .save import check_output_path, save_model, write_text
+    from .save import save_model, write_text
 
     auto = kw["level"] == "auto"
     options = _conversion_options(kw)
     output = output or _default_output(model, options.dtype)
-    _check_output_path(model, output)
     if auto and not kw["validate"]:
         raise AmpError("--level auto measures accuracy: it cannot run with --no-validate")
     loaded = read_model(model, lazy_external=True)
@@ -451,8 +506,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         if target is None:
             continue
         if flag != "-o's data file":
-            _check_output_path(model, target)
-            check_output_path(target)
+            _check_output_path(model, target, flag)
         key = target.resolve()
         if key in seen:
             raise AmpError(f"{target}: given as both {seen[key]} and {flag}; each output needs its own file")
@@ -588,7 +642,9 @@ def _calibration(reference, source, options: ConvertOptions, kw: dict, auto: boo
     if not (auto or options.safety_on):
         return None
     if kw["calibration"]:
-        source = make_source(reference, kw["calibration"], kw["input_shape"], kw["input_range"], kw["samples"], kw["seed"])
+        source = make_source(
+            reference, kw["calibration"], kw["input_shape"], kw["input_range"], kw["samples"], kw["seed"], flag="--calibration"
+        )
     if source is None:
         return None
     return calibrate(reference, source, kw["provider"], base_dir=folder, emulate=kw["emulate"])
@@ -624,10 +680,10 @@ def compare_command(reference: Path, candidate: Path, **kw: Any) -> None:
 
     ref_model = load_model(reference)
     cand_model = load_model(candidate)  # (external data read into memory: the two may live in different folders)
-    for flag in ("report", "html"):
-        if kw[flag] is not None:
-            _check_output_path(reference, kw[flag])
-            _check_output_path(candidate, kw[flag])
+    for key in ("report", "html"):
+        if kw[key] is not None:
+            _check_output_path(reference, kw[key], f"--{key}")
+            _check_output_path(candidate, kw[key], f"--{key}")
     source = _input_source(ref_model, kw)
     validation = _validate(ref_model, cand_model, source, kw, None)
     exit_code = EXIT_OK if validation.passed else EXIT_TOLERANCE
@@ -736,11 +792,17 @@ def _default_output(model: Path, dtype: str) -> Path:
     return model.with_name(f"{stem}.{dtype}.onnx")
 
 
-def _check_output_path(model: Path, output: Path) -> None:
+def _check_output_path(model: Path, output: Path, flag: str) -> None:
+    """Refuse the path given to ``flag`` (named in the message) when it is the
+    input model or cannot be written as a file."""
+    from .save import check_output_path
+
     if output.exists() and model.exists() and output.resolve() == model.resolve():
-        raise AmpError(f"{output}: output is the input file; choose another -o (the input is never overwritten)")
-    if output.is_dir():
-        raise AmpError(f"{output}: is a directory; give a file name with -o")
+        raise AmpError(f"{flag} {output}: output is the input file; choose another {flag} (the input is never overwritten)")
+    try:
+        check_output_path(output)
+    except AmpError as e:
+        raise AmpError(f"{flag} {e}") from None
 
 
 def _mb(n: int) -> str:

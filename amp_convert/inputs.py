@@ -11,9 +11,11 @@ import io
 import json
 import math
 import zipfile
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import ml_dtypes
 import numpy as np
@@ -25,6 +27,10 @@ from .errors import AmpError
 DEFAULT_FLOAT_RANGE = (-1.0, 1.0)
 # Integer inputs are often indices (token types, positions): stay at 0/1 unless told.
 DEFAULT_INT_RANGE = (0, 2)
+# A generated input of more elements is refused before anything is allocated
+# (2**31 float32 values are 8 GiB, per sample).
+MAX_GENERATED_ELEMENTS = 2**31
+NPY_MAGIC = b"\x93NUMPY"
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,7 @@ class InputSource:
     samples: int = 2
     seed: int = 0
     notes: list[str] = field(default_factory=list)
+    flag: str = "--inputs"  # the option the files came from, for messages
 
     def describe(self) -> dict:
         if self.files:
@@ -88,8 +95,9 @@ class InputSource:
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         if self.files:
             for path in self.files:
-                for sample in _read_samples(path):
-                    yield self.check(sample, str(path))
+                origin = f"{self.flag} {path}"
+                for sample in _read_samples(path, origin):
+                    yield self.check(sample, origin)
         else:
             rng = np.random.default_rng(self.seed)
             for _ in range(self.samples):
@@ -115,9 +123,14 @@ class InputSource:
                         named.setdefault(d, value)
         return named
 
-    def _random(self, spec: InputSpec, rng: np.random.Generator) -> np.ndarray:
+    def generated_shape(self, spec: InputSpec) -> tuple[int, ...]:
+        """The shape of ``spec``'s random samples: --input-shape, else the model's
+        dims with symbolic ones shared with another input's --input-shape, else 1."""
         named = self._named_dims()
-        shape = self.shapes.get(spec.name) or tuple(d if isinstance(d, int) else named.get(d, 1) for d in spec.shape)
+        return self.shapes.get(spec.name) or tuple(d if isinstance(d, int) else named.get(d, 1) for d in spec.shape)
+
+    def _random(self, spec: InputSpec, rng: np.random.Generator) -> np.ndarray:
+        shape = self.generated_shape(spec)
         if spec.dtype == np.bool_:
             return rng.integers(0, 2, size=shape).astype(np.bool_)
         if np.issubdtype(spec.dtype, np.integer):
@@ -209,15 +222,17 @@ def make_source(
     ranges: Sequence[str] = (),
     samples: int = 2,
     seed: int = 0,
+    flag: str = "--inputs",
 ) -> InputSource:
-    """Build an input source; names in shapes/ranges are checked here."""
+    """Build an input source; names in shapes/ranges are checked here.
+    ``flag`` is the option ``inputs`` came from (named in messages)."""
     specs = input_specs(model)
     names = {s.name for s in specs}
     shape_map, range_map = parse_shapes(shapes), parse_ranges(ranges)
-    for flag, given in (("--input-shape", shape_map), ("--input-range", range_map)):
+    for option, given in (("--input-shape", shape_map), ("--input-range", range_map)):
         for name in given:
             if name not in names:
-                raise AmpError(f"{flag}: {name!r} is not an input of the model (inputs: {', '.join(sorted(names))})")
+                raise AmpError(f"{option}: {name!r} is not an input of the model (inputs: {', '.join(sorted(names))})")
     for spec in specs:
         if spec.name in shape_map:
             shape = shape_map[spec.name]
@@ -228,74 +243,130 @@ def make_source(
                     raise AmpError(f"--input-shape {spec.name}: {list(shape)} does not fit {_shape_text(spec.shape)}")
     if samples < 1:
         raise AmpError("--samples must be at least 1")
-    files = _expand_files(inputs)
-    source = InputSource(specs, files, shape_map, range_map, samples, seed)
+    if seed < 0:
+        raise AmpError(f"--seed must be 0 or more, got {seed}")
+    files = _expand_files(inputs, flag)
+    source = InputSource(specs, files, shape_map, range_map, samples, seed, flag=flag)
     if not files:
+        for spec in specs:
+            shape = source.generated_shape(spec)
+            if math.prod(shape) > MAX_GENERATED_ELEMENTS:
+                raise AmpError(
+                    f"input {spec.name!r}: a generated sample of shape {list(shape)} would hold {math.prod(shape):,} "
+                    f"elements, more than {MAX_GENERATED_ELEMENTS:,}; give a smaller --input-shape, or samples with --inputs"
+                )
         dynamic = [s.name for s in specs if s.name not in shape_map and any(not isinstance(d, int) for d in s.shape)]
         if dynamic:
             source.notes.append(f"dynamic dimensions of {', '.join(dynamic)} set to 1 (use --input-shape)")
     return source
 
 
-def _expand_files(inputs: Sequence[str | Path]) -> list[Path]:
+def _expand_files(inputs: Sequence[str | Path], flag: str) -> list[Path]:
     files: list[Path] = []
     for item in inputs:
         p = Path(item)
         if p.is_dir():
             found = sorted(p.glob("*.npz"))
             if not found:
-                raise AmpError(f"--inputs {p}: the folder holds no .npz files")
+                raise AmpError(f"{flag} {p}: the folder holds no .npz files")
             files.extend(found)
         elif p.is_file():
             if p.suffix not in (".npz", ".json"):
-                raise AmpError(f"--inputs {p}: expected a .npz file, a folder of them, or a Polygraphy .json")
+                raise AmpError(f"{flag} {p}: expected a .npz file, a folder of them, or a Polygraphy .json")
             files.append(p)
         else:
-            raise AmpError(f"--inputs {p}: no such file or folder")
+            raise AmpError(f"{flag} {p}: no such file or folder")
     return files
 
 
-def _read_samples(path: Path) -> Iterator[dict[str, np.ndarray]]:
+def _read_samples(path: Path, origin: str) -> Iterator[dict[str, np.ndarray]]:
     if path.suffix == ".npz":
-        yield _read_npz(path)
+        yield _read_npz(path, origin)
     else:
-        yield from _read_polygraphy_json(path)
+        yield from _read_polygraphy_json(path, origin)
 
 
-def _read_npz(path: Path) -> dict[str, np.ndarray]:
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _read_npz(path: Path, origin: str) -> dict[str, np.ndarray]:
+    """The arrays of an ``np.savez`` archive; every member must be an .npy array."""
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {name: data[name] for name in data.files}
+        archive = zipfile.ZipFile(path)
+    except zipfile.BadZipFile:
+        with open(path, "rb") as f:
+            hint = " (it is a single .npy array)" if f.read(len(NPY_MAGIC)) == NPY_MAGIC else ""
+        raise AmpError(
+            f"{origin}: is not an .npz (zip) archive{hint}; save inputs with np.savez(path, NAME=array, ...)"
+        ) from None
+    except OSError as e:
+        raise AmpError(f"{origin}: cannot be read ({e.strerror or _first_line(e)})") from None
+    arrays: dict[str, np.ndarray] = {}
+    with archive:
+        for info in archive.infolist():
+            where = f"{origin}: member {info.filename!r}"
+            if not info.filename.endswith(".npy"):
+                raise AmpError(f"{where} is not an .npy array; save inputs with np.savez(path, NAME=array, ...)")
+            try:
+                with archive.open(info) as member:
+                    arrays[info.filename.removesuffix(".npy")] = _read_npy(member, info.file_size, where, "an .npy array")
+            except (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError, RuntimeError) as e:
+                # (corrupt or truncated data, an unsupported compression, an encrypted member)
+                raise AmpError(f"{where} cannot be read ({_first_line(e)}); the archive is corrupt") from None
+    return arrays
+
+
+def _read_npy(fp: IO[bytes], size: int, where: str, kind: str) -> np.ndarray:
+    """One .npy array of ``size`` bytes from ``fp``; the shape its header
+    declares is checked against the bytes present before anything is allocated."""
+    try:
+        version = np.lib.format.read_magic(fp)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(fp)
     except ValueError as e:
-        if "allow_pickle" in str(e) or "Object arrays" in str(e):
-            raise AmpError(f"{path}: holds object arrays (pickled Python objects), refused; save plain numeric arrays") from None
-        raise AmpError(f"{path}: not a readable .npz file ({str(e).splitlines()[0]})") from None
-    except (OSError, zipfile.BadZipFile, EOFError) as e:
-        raise AmpError(f"{path}: not a readable .npz file ({str(e).splitlines()[0] or type(e).__name__})") from None
+        raise AmpError(f"{where} is not {kind} ({_first_line(e)})") from None
+    if dtype.hasobject:
+        raise AmpError(f"{where} holds object arrays (pickled Python objects), refused; save plain numeric arrays")
+    declared, present = math.prod(shape) * dtype.itemsize, size - fp.tell()
+    if declared > present:
+        raise AmpError(
+            f"{where} declares shape {list(shape)} of {dtype} ({declared:,} bytes) but holds {present:,} bytes; "
+            "it is corrupt or truncated"
+        )
+    fp.seek(0)
+    try:
+        return np.lib.format.read_array(fp, allow_pickle=False)
+    except ValueError as e:
+        raise AmpError(f"{where} is not {kind} ({_first_line(e)})") from None
+    except MemoryError:  # (a zip member's listed size can be false too)
+        raise AmpError(f"{where} ({declared:,} bytes) does not fit in memory") from None
 
 
-def _read_polygraphy_json(path: Path) -> Iterator[dict[str, np.ndarray]]:
+def _read_polygraphy_json(path: Path, origin: str) -> Iterator[dict[str, np.ndarray]]:
     """Polygraphy's ``--save-inputs`` format: a JSON list of {name: encoded ndarray}."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise AmpError(f"{path}: not valid JSON ({e})") from None
+        raise AmpError(f"{origin}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise AmpError(f"{origin}: JSON nested too deeply to be Polygraphy input data") from None
+    except OSError as e:
+        raise AmpError(f"{origin}: cannot be read ({e.strerror or _first_line(e)})") from None
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
-        raise AmpError(f"{path}: expected a list of {{input name: array}} (Polygraphy input JSON)")
+        raise AmpError(f"{origin}: expected a list of {{input name: array}} (Polygraphy input JSON)")
     for sample in data:
-        yield {name: _decode_array(path, name, enc) for name, enc in sample.items()}
+        yield {name: _decode_array(origin, name, enc) for name, enc in sample.items()}
 
 
-def _decode_array(path: Path, name: str, encoded: object) -> np.ndarray:
-    if isinstance(encoded, dict) and "array" in encoded:
-        try:
-            raw = base64.b64decode(str(encoded["array"]).encode(), validate=True)
-            array = np.load(io.BytesIO(raw), allow_pickle=False)
-        except (ValueError, OSError, EOFError) as e:  # (EOFError: an empty or truncated array)
-            detail = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise AmpError(f"{path}: input {name!r} is not a Polygraphy-encoded array ({detail})") from None
-        if isinstance(array, np.ndarray):
-            return array
-    raise AmpError(f"{path}: input {name!r} is not a Polygraphy-encoded array")
+def _decode_array(origin: str, name: str, encoded: object) -> np.ndarray:
+    where = f"{origin}: input {name!r}"
+    if not (isinstance(encoded, dict) and "array" in encoded):
+        raise AmpError(f"{where} is not a Polygraphy-encoded array")
+    try:
+        raw = base64.b64decode(str(encoded["array"]).encode(), validate=True)
+    except ValueError:  # (binascii.Error)
+        raise AmpError(f"{where} is not a Polygraphy-encoded array (not base64)") from None
+    return _read_npy(io.BytesIO(raw), len(raw), where, "a Polygraphy-encoded array")

@@ -14,6 +14,17 @@ from .errors import AmpError
 from .schema import model_opsets
 
 
+def check_target_opset(model: onnx.ModelProto, target: int | None) -> None:
+    """Refuse a requested default-domain opset below the model's: opsets are
+    only ever upgraded (lowering one could change what an op computes)."""
+    current = model_opsets(model).get("", 0)
+    if target is not None and target < current:
+        raise AmpError(
+            f"--target-opset {target} is below the model's opset {current}: lowering an opset is not supported; "
+            f"give {current} or higher, or leave --target-opset out"
+        )
+
+
 def upgrade_opset(model: onnx.ModelProto, target: int) -> tuple[onnx.ModelProto, str | None]:
     """Return ``model`` at default-domain opset ``target`` (never lower), and a
     note saying what changed (None if nothing did)."""

@@ -40,7 +40,7 @@ class ConvertOptions:
     initializer_range: bool = True  # out-of-range constants keep their consumer fp32
     clip_initializers: bool = False  # ... or are clipped to the low dtype's range instead (counted)
     data_max: float | None = None  # calibrated rule: |values| in the fp32 run above this keep a node fp32
-    target_opset: int | None = None  # upgrade the default-domain opset first (never downgrades)
+    target_opset: int | None = None  # upgrade the default-domain opset first (one below the model's is refused)
     keep_fp32_nodes: tuple[str, ...] = ()  # exact node names (the auto search sets these)
     force_low_nodes: tuple[str, ...] = ()
     _compiled: dict[str, tuple[re.Pattern[str], ...]] = field(default_factory=dict, compare=False, repr=False)
@@ -81,8 +81,10 @@ class ConvertOptions:
             raise AmpError(f"unknown io types {self.io_types!r}: use 'keep' or 'low'")
         if self.data_max is not None and not self.data_max > 0:
             raise AmpError(f"--data-max must be positive, got {self.data_max!r}")
-        if self.target_opset is not None and not isinstance(self.target_opset, int):
-            raise AmpError(f"--target-opset must be an integer, got {self.target_opset!r}")
+        if self.target_opset is not None and (
+            not isinstance(self.target_opset, int) or isinstance(self.target_opset, bool) or self.target_opset < 1
+        ):
+            raise AmpError(f"--target-opset must be a positive integer, got {self.target_opset!r}")
         if self.only_white_list is not None and self.only_black_list is not None:
             raise AmpError("give --only-white-list or --only-black-list, not both")
         if self.only_white_list is not None and level not in (None, "O1"):

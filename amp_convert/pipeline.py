@@ -23,7 +23,7 @@ from .errors import ConversionError
 from .external import has_external, is_external
 from .graph import NameGenerator, build_context, tensor_names
 from .load import check_input_model, check_versions, load_model
-from .opset import upgrade_opset
+from .opset import check_target_opset, upgrade_opset
 from .options import ConvertOptions
 from .plan import Plan, make_plan
 from .rewrite import Rewriter, RewriteStats
@@ -145,6 +145,7 @@ def _convert(
     timer.lap("load")
     casts_before = count_casts(work)
     notes = []
+    check_target_opset(work, options.target_opset)
     target = max(options.target_opset or 0, options.low.min_cast_opset if options.effective_level != "O0" else 0)
     work, note = upgrade_opset(work, target)
     if note:

@@ -11,6 +11,9 @@ must never destroy or half-write a model.
 
 from __future__ import annotations
 
+import base64
+import io
+import json
 import os
 import random
 import signal
@@ -19,6 +22,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +35,7 @@ from amp_convert import convert
 from amp_convert import save as amp_save
 from amp_convert.cleanup import count_casts
 from amp_convert.errors import AmpError
+from amp_convert.inputs import make_source
 from amp_convert.load import load_model
 from amp_convert.save import save_model, write_text
 from models.zoo_inputs import load_manifest, make_inputs
@@ -466,6 +471,23 @@ OPTION_ERRORS = {
     "input-range-infinite": (["--input-range", "input=-inf:inf"], "finite LOW < HIGH"),
     "input-range-beyond-float32": (["--input-range", "input=-1e39:1e39"], "beyond float32's range"),
     "polygraphy-empty-array": (["--inputs", "{tmp}/in.json"], "not a Polygraphy-encoded array", None),
+    "config-key-beside-the-table": (
+        ["--config", "{tmp}/c.toml"],
+        "'level' is outside the [amp-convert] table",
+        'level = "O1"\n[amp-convert]\ndtype = "bf16"\n',
+    ),
+    "config-table-beside-the-table": (
+        ["--config", "{tmp}/c.toml"],
+        "'tool' is outside the [amp-convert] table",
+        '[amp-convert]\nlevel = "O1"\n[tool]\nx = 1\n',
+    ),
+    "config-integer-given-a-float": (["--config", "{tmp}/c.toml"], "samples must be an integer, got 1.5", "samples = 1.5\n"),
+    "config-number-given-a-bool": (["--config", "{tmp}/c.toml"], "atol must be a number, got True", "atol = true\n"),
+    "config-nested-too-deeply": (["--config", "{tmp}/c.toml"], "nested too deeply", "a = " + "[" * 50_000 + "]" * 50_000),
+    "config-unreadable": (["--config", "{tmp}/" + "c" * 300], "cannot be read (File name too long)"),
+    "seed-negative": (["--seed", "-1"], "--seed"),
+    "target-opset-below-the-models": (["--target-opset", "12"], "--target-opset 12 is below the model's opset 17"),
+    "target-opset-zero": (["--target-opset", "0"], "--target-opset must be a positive integer"),
 }
 
 
@@ -487,6 +509,123 @@ def test_bad_option_or_config_exits_2(tmp_path, lstm, case):
     out.write_bytes(OLD)
     before = snapshot(tmp_path)
     assert_refused(cli(lstm, "-o", out, *args), OPTION_ERRORS[case][1], before, tmp_path)
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def _huge_npy() -> bytes:
+    """An .npy header declaring a petabyte of float32, followed by 64 bytes."""
+    buffer = io.BytesIO()
+    header = {"descr": "<f4", "fortran_order": False, "shape": (1, 20, 16 * 10**12)}
+    np.lib.format.write_array_header_1_0(buffer, header)
+    return buffer.getvalue() + bytes(64)
+
+
+def _zip(tmp: Path, members: dict[str, bytes], name: str = "x.npz") -> None:
+    with zipfile.ZipFile(tmp / name, "w") as archive:
+        for member, data in members.items():
+            archive.writestr(member, data)
+
+
+def _polygraphy(tmp: Path, data: bytes) -> None:
+    encoded = base64.b64encode(data).decode()
+    (tmp / "in.json").write_text(json.dumps([{"input": {"array": encoded, "polygraphy_class": "ndarray"}}]))
+
+
+# Validation and calibration input files (lstm's input: float32 [1, 20, 16]).
+INPUT_FILE_ERRORS = {
+    "npy-named-npz": (
+        lambda tmp: _write(tmp, _npy_bytes(np.zeros((1, 20, 16), np.float32)), "x.npz"),
+        ["--inputs", "{tmp}/x.npz"],
+        "x.npz: is not an .npz (zip) archive (it is a single .npy array)",
+    ),
+    "text-named-npz": (
+        lambda tmp: _write(tmp, b"input,1.0\n", "x.npz"),
+        ["--inputs", "{tmp}/x.npz"],
+        "x.npz: is not an .npz (zip) archive; save inputs with np.savez",
+    ),
+    "npz-member-not-npy-data": (
+        lambda tmp: _zip(tmp, {"input.npy": b"hello world"}),
+        ["--inputs", "{tmp}/x.npz"],
+        "member 'input.npy' is not an .npy array",
+    ),
+    "npz-member-not-npy-name": (
+        lambda tmp: _zip(tmp, {"notes.txt": b"hello world"}),
+        ["--inputs", "{tmp}/x.npz"],
+        "member 'notes.txt' is not an .npy array",
+    ),
+    "npz-member-huge-shape": (
+        lambda tmp: _zip(tmp, {"input.npy": _huge_npy()}),
+        ["--inputs", "{tmp}/x.npz"],
+        "member 'input.npy' declares shape [1, 20, 16000000000000] of float32",
+    ),
+    "polygraphy-huge-shape": (
+        lambda tmp: _polygraphy(tmp, _huge_npy()),
+        ["--inputs", "{tmp}/in.json"],
+        "input 'input' declares shape [1, 20, 16000000000000]",
+    ),
+    "polygraphy-nested-too-deeply": (
+        lambda tmp: _write(tmp, b"[" * 100_000 + b"]" * 100_000, "in.json"),
+        ["--inputs", "{tmp}/in.json"],
+        "in.json: JSON nested too deeply",
+    ),
+    "calibration-file-names-its-flag": (
+        lambda tmp: _write(tmp, b"input,1.0\n", "x.npz"),
+        ["--calibration", "{tmp}/x.npz"],
+        "error: --calibration {tmp}/x.npz: is not an .npz (zip) archive",
+    ),
+    "calibration-folder-names-its-flag": (
+        lambda tmp: (tmp / "calib").mkdir(),
+        ["--calibration", "{tmp}/calib"],
+        "error: --calibration {tmp}/calib: the folder holds no .npz files",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INPUT_FILE_ERRORS))
+def test_bad_validation_input_file_exits_2(tmp_path, lstm, case):
+    build, args, fragment = INPUT_FILE_ERRORS[case]
+    build(tmp_path)
+    out = tmp_path / "out.onnx"
+    out.write_bytes(OLD)
+    before = snapshot(tmp_path)
+    proc = cli(lstm, "-o", out, *[a.format(tmp=tmp_path) for a in args])
+    assert_refused(proc, fragment.format(tmp=tmp_path), before, tmp_path)
+
+
+def test_generated_input_too_large_is_refused_before_allocating(tmp_path):
+    x = helper.make_tensor_value_info("x", F32, ["batch", 4])
+    y = helper.make_tensor_value_info("y", F32, ["batch", 4])
+    path = _save(tmp_path, _model([helper.make_node("Relu", ["x"], ["y"])], [x], [y]))
+    before = snapshot(tmp_path)
+    proc = cli(path, "-o", tmp_path / "out.onnx", "--input-shape", "x=100000000000x4")
+    assert_refused(proc, "input 'x': a generated sample of shape [100000000000, 4]", before, tmp_path)
+
+
+def test_negative_seed_is_refused_through_the_api():
+    with pytest.raises(AmpError, match="--seed must be 0 or more"):
+        make_source(onnx.load(str(ZOO / "lstm.onnx")), seed=-1)
+
+
+OUTPUT_FLAG_ERRORS = {
+    "o-ending-in-a-separator": (["-o", "{tmp}/newdir/"], "'-o' / '--output': {tmp}/newdir/: names a directory"),
+    "report-ending-in-a-separator": (["--report", "{tmp}/r/"], "'--report': {tmp}/r/: names a directory"),
+    "report-in-a-missing-folder": (["--report", "{tmp}/missing/r.json"], "--report {tmp}/missing/r.json: folder"),
+    "html-is-a-folder": (["--html", "{tmp}"], "--html {tmp}: is a directory"),
+    "plan-json-is-the-input": (["--plan-json", "{tmp}/lstm.onnx"], "choose another --plan-json"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUTPUT_FLAG_ERRORS))
+def test_bad_output_path_names_its_option(tmp_path, lstm, case):
+    args, fragment = OUTPUT_FLAG_ERRORS[case]
+    before = snapshot(tmp_path)
+    proc = cli(lstm, *[a.format(tmp=tmp_path) for a in args])
+    assert_refused(proc, fragment.format(tmp=tmp_path), before, tmp_path)
 
 
 @pytest.mark.parametrize("value", ["0.2:0.9", "0:1e30"])
