@@ -73,6 +73,7 @@ CONFIG_KEYS = {
     "rtol",
     "min_cosine",
     "per_node",
+    "pin_choices",
     "top",
     "report",
     "html",
@@ -333,6 +334,13 @@ def validation_options(f):
             default=None,
             help="Compare every intermediate tensor to find where error enters (default: on up to 20,000 tensors). "
             "Example: --no-per-node",
+        ),
+        click.option(
+            "--pin-choices/--no-pin-choices",
+            default=True,
+            show_default=True,
+            help="Feed the converted model the fp32 model's TopK / NonMaxSuppression / NonZero / ArgMax choices, so "
+            "outputs after them compare values, not tie-breaks (its own choices are reported). Example: --no-pin-choices",
         ),
         click.option(
             "--top", type=click.IntRange(min=0), default=10, show_default=True, help="Offending nodes to list. Example: --top 20"
@@ -659,7 +667,8 @@ def _auto(reference, options: ConvertOptions, source, calibration, kw: dict, fol
             verdict = "pass" if trial.passed else "fail"
             click.echo(f"trial {trial.number}: {trial.step}: {verdict}, {trial.low_compute:.1%} of compute low", err=True)
 
-    config = ValidationConfig(kw["provider"], kw["emulate"], True, kw["top"], _tolerance(kw, reference_low=options.dtype))
+    tolerance = _tolerance(kw, reference_low=options.dtype)
+    config = ValidationConfig(kw["provider"], kw["emulate"], True, kw["top"], tolerance, kw["pin_choices"])
     searched = auto_convert(
         reference, options, source, config, calibration, kw["max_trials"], kw["auto_from"] or "O3", kw["check"], show, folder
     )
@@ -717,7 +726,7 @@ def _validate(reference, candidate, source, kw: dict, plan, folder: Path | None 
     from .validate import ValidationConfig, validate
 
     tolerance = _tolerance(kw, reference_low="bf16" if detect_low_dtype(candidate) == 16 else "fp16")
-    config = ValidationConfig(kw["provider"], kw["emulate"], kw["per_node"], kw["top"], tolerance)
+    config = ValidationConfig(kw["provider"], kw["emulate"], kw["per_node"], kw["top"], tolerance, kw["pin_choices"])
     show = not kw["quiet"] and not kw["json_out"] and sys.stderr.isatty()
     if not show:
         return validate(reference, candidate, source, config, plan, base_dir=folder)

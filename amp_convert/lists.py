@@ -246,6 +246,18 @@ EXACT_OPS = frozenset(
     }
 )  # fmt: skip
 
+# Ops that choose elements by comparing values: a rounding difference between
+# two near-equal values changes the choice. Validation pins these choices to
+# the reference's (see pin.py). Value: (output slot of the chosen indices,
+# input slots of the values it decides from).
+SELECTION_OPS: dict[str, tuple[int, tuple[int, ...]]] = {
+    "TopK": (1, (0,)),
+    "NonMaxSuppression": (0, (0, 1)),
+    "NonZero": (0, (0,)),
+    "ArgMax": (0, (0,)),
+    "ArgMin": (0, (0,)),
+}
+
 # Ops whose schema admits fp16/bf16 but for which onnxruntime (1.31, CPU
 # provider) has no fp16 or bf16 kernel: a model with them low does not load.
 # They stay fp32 at every level (a --force-low still lowers them).

@@ -191,9 +191,9 @@ class ErrorStats:
             ]
         return []
 
-    def verdict(self, tol: Tolerance) -> list[str]:
-        """Reasons this output fails ``tol`` (empty: it passes)."""
-        checks = self.checks(tol)
+    def verdict(self, tol: Tolerance, only: tuple[str, ...] | None = None) -> list[str]:
+        """Reasons this output fails ``tol`` (empty: it passes); ``only``: judge just these checks."""
+        checks = {k: ok for k, ok in self.checks(tol).items() if only is None or k in only}
         reasons = {
             "shape": f"shape differs in {self.shape_mismatch} sample(s)",
             "equal_fraction": f"{self.equal_fraction:.4f} equal < {tol.min_equal}",

@@ -16,7 +16,8 @@ from .plan import Precision
 
 SCHEMA_ID = "amp-convert-report"
 # 2: validation.reference_emulated and reference_emulation_note (a low-precision reference).
-SCHEMA_VERSION = 2
+# 3: validation.pinned (choices the candidate took from the reference, pin.py).
+SCHEMA_VERSION = 3
 
 
 def report_schema() -> dict:
@@ -131,6 +132,15 @@ def terminal_table(report: dict) -> str:
         rows.append(("", "NaN/Inf", nonfinite, "no new", _pf(checks["nonfinite"])))
         if out.get("warnings"):
             rows.append(("", "all zeros", "yes", "within --atol", "WARN"))
+    for out in v["pinned"]["inputs"]:  # the values a pinned choice reads: finite, same direction
+        checks = out["checks"]
+        label = f"{out['name']} (choice input)"
+        if "shape" in checks:
+            rows.append((label, "shape", "differs", "equal", "FAIL"))
+            continue
+        rows.append((label, "cosine", f"{out['cosine']:.6f}", f">= {tol['min_cosine']}", _pf(checks["cosine"])))
+        nonfinite = f"{out['cand_nan'] + out['cand_inf']} (fp32: {out['ref_nan'] + out['ref_inf']})"
+        rows.append(("", "NaN/Inf", nonfinite, "no new", _pf(checks["nonfinite"])))
     widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
     lines = ["  ".join(str(c).ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
     offenders = v["offenders"][:5]
@@ -141,6 +151,10 @@ def terminal_table(report: dict) -> str:
             lines.append(
                 f"  {o['name']} ({o['op_type']}, {o['precision']}): {_fmt(o['error_before'])} -> {_fmt(o['error_after'])}"
             )
+    pinned = pinned_summary(v["pinned"])
+    if pinned:
+        lines.append("")
+        lines.append(pinned)
     how = "emulated " if v["emulated"] else ""
     verdict = "PASS" if v["passed"] else "FAIL"
     lines.append("")
@@ -148,6 +162,28 @@ def terminal_table(report: dict) -> str:
     if v["reference_emulated"]:
         lines.append(f"the reference is low precision too: emulated ({v['reference_emulation_note']})")
     return "\n".join(lines)
+
+
+def pinned_summary(pinned: dict) -> str:
+    """One sentence on the choices the candidate took from the reference."""
+    if pinned["note"]:
+        return pinned["note"]
+    selections = pinned["selections"]
+    if not selections:
+        return ""
+    ops: dict[str, int] = {}
+    for p in selections:
+        ops[p["op_type"]] = ops.get(p["op_type"], 0) + 1
+    kinds = ", ".join(f"{op} {n}" for op, n in sorted(ops.items()))
+    agreements = [p["agreement"] for p in selections if p["agreement"] is not None]
+    own = f"its own agree on {min(agreements):.0%} or more of the chosen elements" if agreements else "its own"
+    moved = sum(1 for p in selections if p["shape_mismatch"])
+    if moved:
+        own += f"; {moved} chose a different number of elements in some sample"
+    return (
+        f"{len(selections)} choice(s) pinned to the fp32 model's ({kinds}), so outputs compare values, "
+        f"not tie-breaks; {own} (--no-pin-choices compares as is)"
+    )
 
 
 def _pf(ok: bool) -> str:
@@ -211,6 +247,10 @@ def html_report(report: dict) -> str:
         parts.append("</div>")
         parts.append("<h2>Top offenders</h2>")
         parts.append(_offenders_table(v["offenders"]))
+        if v["pinned"]["selections"] or v["pinned"]["note"]:
+            parts.append("<h2>Pinned choices</h2>")
+            parts.append(f"<div class='meta'>{html.escape(pinned_summary(v['pinned']))}</div>")
+            parts.append(_pinned_table(v["pinned"]))
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -254,6 +294,19 @@ def _outputs_table(v: dict) -> str:
             f"<td class='num'>{_fmt(o['snr_db']) if o['snr_db'] is not None else 'inf'}</td>"
             f"<td class='num'>{nonfinite}</td><td class='{cls}' title='{html.escape('; '.join(o['failures']))}'>"
             f"{'PASS' if ok else 'FAIL'}</td></tr>"
+        )
+    rows.append("</table>")
+    return "".join(rows)
+
+
+def _pinned_table(pinned: dict) -> str:
+    rows = ["<table id='pinned'><tr><th>choice</th><th>node</th><th>op</th><th>own choice agrees</th>"]
+    rows.append("<th>samples choosing another count</th></tr>")
+    for p in pinned["selections"]:
+        agree = "-" if p["agreement"] is None else f"{p['agreement']:.1%}"
+        rows.append(
+            f"<tr><td>{html.escape(p['name'])}</td><td>{html.escape(p['node'])}</td><td>{html.escape(p['op_type'])}</td>"
+            f"<td class='num'>{agree}</td><td class='num'>{p['shape_mismatch']}</td></tr>"
         )
     rows.append("</table>")
     return "".join(rows)

@@ -26,10 +26,11 @@ from onnx import TensorProto
 
 from .emulate import EMULATE_MODES, decide_emulation, low_dtype_of, low_io
 from .errors import AmpError
-from .graph import build_context
+from .graph import build_context, tensor_names
 from .inputs import InputSource
 from .lists import EXACT_OPS
 from .metrics import DEFAULT_TOLERANCES, ErrorStats, Tolerance
+from .pin import Selection, find_selections, pin
 from .plan import Plan
 from .runner import Runnable, choose_provider, runnable
 from .schema import model_opsets
@@ -48,6 +49,7 @@ class ValidationConfig:
     per_node: bool | None = None  # None: on unless the graph has more than PER_NODE_LIMIT float tensors
     top: int = 10
     tolerance: Tolerance | None = None  # None: the default for the low dtype
+    pin_choices: bool = True  # candidate reads the reference's TopK / NMS / ... choices (pin.py)
 
 
 @dataclass
@@ -91,6 +93,26 @@ class NodeError:
 
 
 @dataclass
+class PinnedSelection:
+    """A choice the candidate read from the reference, and how often its own agreed."""
+
+    selection: Selection
+    agreement: ErrorStats  # reference's choice against the candidate's own, element by element
+
+    def as_dict(self) -> dict:
+        a = self.agreement
+        return {
+            "name": self.selection.name,
+            "node": self.selection.node,
+            "op_type": self.selection.op_type,
+            "inputs": list(self.selection.inputs),
+            "agreement": a.equal_fraction if a.count else None,  # over the samples that chose as many elements
+            "samples": a.samples,
+            "shape_mismatch": a.shape_mismatch,
+        }
+
+
+@dataclass
 class ValidationResult:
     provider: str
     provider_note: str
@@ -107,10 +129,14 @@ class ValidationResult:
     # A reference that is itself low precision may run through its emulation twin too.
     reference_emulated: bool = False
     reference_emulation_note: str = "the reference has no fp16/bf16 tensors"
+    pinned: list[PinnedSelection] = field(default_factory=list)
+    selection_inputs: list[ErrorStats] = field(default_factory=list)  # judged like outputs
+    pin_note: str = ""
 
     @property
     def passed(self) -> bool:
-        return all(not o.verdict(self.tolerance) for o in self.outputs)
+        outputs_pass = all(not o.verdict(self.tolerance) for o in self.outputs)
+        return outputs_pass and all(not selection_input_failures(o, self.tolerance) for o in self.selection_inputs)
 
     def ranked(self) -> list[NodeError]:
         """Low nodes that add error over their inputs, most first (ties: earlier first)."""
@@ -137,8 +163,32 @@ class ValidationResult:
             "offenders": [n.as_dict() for n in self.offenders()],
             "nodes": [n.as_dict() for n in self.nodes],
             "per_node_note": self.per_node_note,
+            "pinned": {
+                "note": self.pin_note,
+                "selections": [p.as_dict() for p in self.pinned],
+                "inputs": [_selection_input_dict(o, self.tolerance) for o in self.selection_inputs],
+            },
             "seconds": round(self.seconds, 4),
         }
+
+
+# The values a pinned choice is made from must stay finite and keep their
+# direction (cosine); their largest element error is not judged: near the
+# choice only ties can move, and the outputs built from it are judged whole.
+_SELECTION_INPUT_CHECKS = ("shape", "nonfinite", "cosine")
+
+
+def selection_input_failures(stats: ErrorStats, tol: Tolerance) -> list[str]:
+    """Reasons the values a pinned choice reads fail (empty: they pass)."""
+    return stats.verdict(tol, only=_SELECTION_INPUT_CHECKS)
+
+
+def _selection_input_dict(stats: ErrorStats, tol: Tolerance) -> dict:
+    d = stats.as_dict(tol)
+    d["failures"] = selection_input_failures(stats, tol)
+    d["passed"] = not d["failures"]
+    d["checks"] = {k: ok for k, ok in d["checks"].items() if k in _SELECTION_INPUT_CHECKS}
+    return d
 
 
 def _json_float(x: float) -> float | str:
@@ -185,6 +235,12 @@ class Validator:
             config.emulate, self.provider, self.ref_low, low_io(reference), role="reference"
         )
         self._reference_twin: onnx.ModelProto | None = None
+        # Choices the candidate reads from the reference (pin.py), and the values they are made from.
+        self.selections = find_selections(self.ref_ctx) if config.pin_choices else []
+        self._extras = [(s.name, TensorProto.INT64) for s in self.selections]
+        self._extras += [(n, self.ref_ctx.type_of(n)) for n in dict.fromkeys(n for s in self.selections for n in s.inputs)]
+        if self._extras and reference_outputs and any(n not in reference_outputs[0][1] for n, _ in self._extras):
+            self._outputs_cache = None  # (calibration's runs did not keep the choices)
 
     def check(
         self,
@@ -194,9 +250,30 @@ class Validator:
         progress: Callable[[int], None] | None = None,
     ) -> ValidationResult:
         """Compare ``candidate`` with the reference on every sample."""
-        start = time.perf_counter()
         config = self.config if per_node is None else replace(self.config, per_node=per_node)
         cand_ctx = _typed(candidate)
+        pins = [s for s in self.selections if _makes(cand_ctx, s)]
+        try:
+            return self._check(candidate, cand_ctx, config, plan, progress, pins)
+        except AmpError as e:
+            if not pins:
+                raise
+            why = str(e)[:160]
+        # The pinned candidate failed to load or run (e.g. a choice it cannot take): compare as it is.
+        result = self._check(candidate, cand_ctx, config, plan, progress, [])
+        result.pin_note = f"choices not pinned: the pinned candidate failed ({why})"
+        return result
+
+    def _check(
+        self,
+        candidate: onnx.ModelProto,
+        cand_ctx,
+        config: ValidationConfig,
+        plan: Plan | None,
+        progress: Callable[[int], None] | None,
+        pins: list[Selection],
+    ) -> ValidationResult:
+        start = time.perf_counter()
         cand_low = low_dtype_of(cand_ctx)
         dtype = _low_key(cand_low)
         tolerance = config.tolerance or DEFAULT_TOLERANCES[dtype]
@@ -224,16 +301,25 @@ class Validator:
         per_node = bool(tensors) or (config.per_node is not False and not per_node_note)
         # Through the emulation twin when the provider calls for it, or (auto) when the real
         # low-precision run cannot load (e.g. a bf16 kernel missing on CUDA).
-        exposed = ((n, cand_ctx.types[n]) for n in tensors)
-        cand = runnable(candidate, cand_low, self.provider, config.emulate, exposed, self.base_dir, "candidate")
+        judged = list(dict.fromkeys(n for s in pins for n in s.inputs if n in cand_ctx.producer))
+        exposed = [(n, cand_ctx.types[n]) for n in dict.fromkeys([*tensors, *judged])]
+        run_model, own = pin(candidate, pins, tensor_names(cand_ctx)) if pins else (candidate, {})
+        cand = runnable(run_model, cand_low, self.provider, config.emulate, exposed, self.base_dir, "candidate")
         out_stats = {n: ErrorStats(n) for n in self.output_names}
         tensor_stats = {n: ErrorStats(n, detailed=False) for n in tensors}
+        agreement = {s.name: ErrorStats(s.name) for s in pins}
+        judged_stats = {n: ErrorStats(n) for n in judged}
         samples = 0
         for feeds, ref_values in self._reference_runs(tensors):
-            cand_values = cand.run(feeds)  # the samples cast to the dtypes the candidate's inputs declare
+            # the samples cast to the dtypes the candidate's inputs declare, and the reference's choices
+            cand_values = cand.run({**feeds, **{s.name: ref_values[s.name] for s in pins}})
             for name, stats in out_stats.items():
                 stats.update(ref_values[name], cand_values[name])
             for name, stats in tensor_stats.items():
+                stats.update(ref_values[name], cand_values[name])
+            for name, stats in agreement.items():
+                stats.update(ref_values[name], cand_values[own[name]])
+            for name, stats in judged_stats.items():
                 stats.update(ref_values[name], cand_values[name])
             del cand_values
             samples += 1
@@ -254,6 +340,8 @@ class Validator:
             per_node_note=per_node_note,
             reference_emulated=self.reference_emulated,
             reference_emulation_note=self.reference_note,
+            pinned=[PinnedSelection(s, agreement[s.name]) for s in pins],
+            selection_inputs=list(judged_stats.values()),
         )
         if per_node:
             result.nodes = _node_errors(self.ref_ctx, cand_ctx, {**tensor_stats, **out_stats}, plan)
@@ -263,7 +351,7 @@ class Validator:
     def _reference_runs(self, tensors: list[str]) -> Iterator[tuple[dict, dict]]:
         """(feeds, reference values) per sample; outputs-only runs are cached when small."""
         if tensors:
-            ref = self._reference_session((n, self.ref_ctx.types[n]) for n in tensors)
+            ref = self._reference_session([*((n, self.ref_ctx.types[n]) for n in tensors), *self._extras])
             for feeds in self.source:
                 yield feeds, ref.run(feeds)
             return
@@ -271,7 +359,7 @@ class Validator:
             yield from self._outputs_cache
             return
         if self._plain_session is None:
-            self._plain_session = self._reference_session(())
+            self._plain_session = self._reference_session(self._extras)
         kept: list[tuple[dict, dict]] | None = []
         size = 0
         for feeds in self.source:
@@ -309,6 +397,12 @@ def validate(
 ) -> ValidationResult:
     """Compare ``candidate`` with ``reference`` on every sample of ``source``."""
     return Validator(reference, source, config, cache_bytes=0, base_dir=base_dir).check(candidate, plan, progress=progress)
+
+
+def _makes(ctx, selection: Selection) -> bool:
+    """Whether the candidate makes ``selection`` the way the reference does (same tensor, same op)."""
+    i = ctx.producer.get(selection.name)
+    return i is not None and ctx.ops[i] == selection.op_type
 
 
 def _typed(model: onnx.ModelProto):

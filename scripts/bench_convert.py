@@ -23,6 +23,12 @@ one process (``--repeat N``: N processes, median wall time):
                  keep_io_types=True) + onnx.save
   ort float16    onnxruntime.transformers.float16.convert_float_to_float16(model,
                  keep_io_types=True) + onnx.save
+  amp O3         amp-convert MODEL --level O3 ... --check none: everything low,
+                 what the peers do by default
+  ocm/ort float16, O2 block list
+                 the peers with op_block_list = their default block list plus
+                 amp-convert's O2 black list (default profile): the same job
+                 as amp-convert's O2 (Softmax, LayerNorm, reductions ... fp32)
 
 (peers save with external data too when the input has it). Wall time is the
 whole process (interpreter start, imports, load, convert, save); peak RSS is
@@ -36,7 +42,9 @@ included), size on disk (external data included),
 ``--ort-max-nodes`` nodes, a run in onnxruntime (CPU) on the manifest inputs
 with the max error relative to the fp32 model's largest output.
 
-The ratio table gives what the targets use: amp none / ort float16 and
+The ratio table gives what the targets use: amp none / ort float16 (O2
+against the peer's all-fp16 default, O2 against the peer doing the same job
+with the O2 block list, and O3 against the default: same semantics) and
 amp none / load+save wall time (target on the 100k-node graph: <= 1/3 and
 <= 5), and for external-data models peak RSS against 0.6 x fp32 weight size +
 300 MB and wall / load+save (target <= 1.5).
@@ -92,20 +100,23 @@ m = onnx.load(src)
 t2 = time.perf_counter()
 """
 LOAD_SAVE = _PRELUDE + "import onnx\n" + _LOAD + _SAVE
-OCM = (
-    _PRELUDE
-    + "import onnx\nfrom onnxconverter_common import float16\n"
-    + _LOAD
-    + "m = float16.convert_float_to_float16(m, keep_io_types=True)\n"
+# argv[4]: ops to keep fp32 besides the peer's own default block list ("" for its defaults alone).
+_PEER = (
+    _LOAD
+    + "extra = [op for op in sys.argv[4].split(',') if op] if len(sys.argv) > 4 else []\n"
+    + "blocks = sorted(set(float16.DEFAULT_OP_BLOCK_LIST) | set(extra)) if extra else None\n"
+    + "m = float16.convert_float_to_float16(m, keep_io_types=True, op_block_list=blocks)\n"
     + _SAVE
 )
-ORT = (
-    _PRELUDE
-    + "import onnx\nfrom onnxruntime.transformers import float16\n"
-    + _LOAD
-    + "m = float16.convert_float_to_float16(m, keep_io_types=True)\n"
-    + _SAVE
-)
+OCM = _PRELUDE + "import onnx\nfrom onnxconverter_common import float16\n" + _PEER
+ORT = _PRELUDE + "import onnx\nfrom onnxruntime.transformers import float16\n" + _PEER
+
+
+def o2_black_list() -> str:
+    """The ops amp-convert's O2 keeps fp32 by list (default profile), for the peers' op_block_list."""
+    from amp_convert.options import ConvertOptions
+
+    return ",".join(sorted(ConvertOptions(level="O2").validated().op_lists().black))
 
 
 @dataclass
@@ -132,9 +143,14 @@ def make_tools(no_validate: bool) -> list[Tool]:
     ]
     if no_validate:
         tools.append(Tool("amp-default", "amp defaults (+validate)", lambda m, o, e: [AMP, m, "--level", "O2", "-o", o]))
+    black = o2_black_list()
     tools += [
+        Tool("amp-o3", "amp O3 --check none", lambda m, o, e: [AMP, m, "--level", "O3", "-o", o, "--check", "none", *nv]),
         Tool("ocm", "ocm float16", lambda m, o, e: [PY, "-c", OCM, m, o, "1" if e else "0"]),
         Tool("ort", "ort float16", lambda m, o, e: [PY, "-c", ORT, m, o, "1" if e else "0"]),
+        # The same job as amp's O2: the peers told to keep amp's O2 black list in fp32.
+        Tool("ocm-o2", "ocm float16, O2 block list", lambda m, o, e: [PY, "-c", OCM, m, o, "1" if e else "0", black]),
+        Tool("ort-o2", "ort float16, O2 block list", lambda m, o, e: [PY, "-c", ORT, m, o, "1" if e else "0", black]),
     ]
     return tools
 
@@ -473,19 +489,19 @@ def ratio_rows(results: list[ModelResult]) -> list[list[str]]:
     rows = []
     for res in results:
         amp, ort, ls = res.runs.get("amp-none"), res.runs.get("ort"), res.runs.get("loadsave")
+        amp_o3, ort_o2 = res.runs.get("amp-o3"), res.runs.get("ort-o2")
         w = res.info.get("fp32_weight_bytes") or 0
         rss = amp.get("rss_kb", 0) * 1024 if amp and amp.get("rss_kb") else None
         budget = 0.6 * w + 300 * MB
         notes = []
         big_graph = res.info.get("nodes", 0) >= 90_000 and res.entry.get("kind") in ("transformer", "conv")
         ext = bool(res.info.get("external_data"))
-        if big_graph and amp and amp["status"] == "ok" and ort and ls:
-            r_ort = amp["wall_s"] / ort["wall_s"] if ort["status"] == "ok" or ort.get("timed_out") else None
-            r_ls = amp["wall_s"] / ls["wall_s"] if ls["status"] == "ok" else None
-            if r_ort is not None:
-                notes.append(f"ort target <=0.33: {'met' if r_ort <= 1 / 3 else 'MISSED'}")
-            if r_ls is not None:
-                notes.append(f"load+save target <=5: {'met' if r_ls <= 5 else 'MISSED'}")
+        if big_graph and amp and amp["status"] == "ok":
+            for label, mine, peer in (("O2 vs ort O2", amp, ort_o2), ("O2 vs ort", amp, ort), ("O3 vs ort", amp_o3, ort)):
+                if mine and peer and mine["status"] == "ok" and (peer["status"] == "ok" or peer.get("timed_out")):
+                    notes.append(f"{label} <=0.33: {'met' if mine['wall_s'] / peer['wall_s'] <= 1 / 3 else 'MISSED'}")
+            if ls and ls["status"] == "ok":
+                notes.append(f"load+save target <=5: {'met' if amp['wall_s'] / ls['wall_s'] <= 5 else 'MISSED'}")
         if ext and amp:
             if amp["status"] != "ok":
                 notes.append(f"targets MISSED (amp {amp['status'].split(':')[0]})")
@@ -499,6 +515,8 @@ def ratio_rows(results: list[ModelResult]) -> list[list[str]]:
                 str(res.info.get("nodes", "?")),
                 _fmt_mb(w),
                 _ratio(amp, ort),
+                _ratio(amp, ort_o2),
+                _ratio(amp_o3, ort),
                 _ratio(amp, ls),
                 _ratio(res.runs.get("amp-full"), ort),
                 _ratio(res.runs.get("ocm"), ls),
@@ -516,6 +534,8 @@ RATIO_HEADER = [
     "nodes",
     "fp32 weights MB",
     "amp none / ort",
+    "amp none / ort O2 block list",
+    "amp O3 / ort",
     "amp none / load+save",
     "amp full / ort",
     "ocm / load+save",
@@ -657,7 +677,11 @@ def main() -> None:
     parser.add_argument("--big-layers", type=int, default=48, help="4096x4096 fp32 weights in the big model (64 MiB each)")
     parser.add_argument("--zoo", action="store_true", help="also models/zoo and models/cache/full")
     parser.add_argument("--only", default="", help="comma-separated model names (after the selection above)")
-    parser.add_argument("--tools", default="", help="comma-separated subset: loadsave,amp-none,amp-full,amp-default,ocm,ort")
+    parser.add_argument(
+        "--tools",
+        default="",
+        help="comma-separated subset: loadsave,amp-none,amp-full,amp-default,amp-o3,ocm,ort,ocm-o2,ort-o2",
+    )
     parser.add_argument("--timeout", type=float, default=600, help="seconds per process (default 600)")
     parser.add_argument("--repeat", type=int, default=1, help="processes per tool and model; wall time is the median")
     parser.add_argument("--ort-max-nodes", type=int, default=40_000, help="run outputs in onnxruntime up to this many nodes")
