@@ -72,6 +72,9 @@ def test_get_lists_return_copies():
     assert "Conv" in white and "BatchNormalization" in amp_convert.get_black_list()
     white.append("Softmax")
     assert "Softmax" not in amp_convert.get_white_list()
+    black = amp_convert.get_black_list()
+    black.remove("BatchNormalization")
+    assert "BatchNormalization" in amp_convert.get_black_list()
     assert set(amp_convert.get_white_list("mindspore")) == {
         "Conv",
         "ConvTranspose",

@@ -39,6 +39,57 @@ def test_console_script_converts_with_default_output_name(resnet):
     assert out.stat().st_size < 0.6 * len(before)  # weights stored in fp16
 
 
+def test_default_output_name_follows_the_dtype(resnet):
+    proc = cli(str(resnet), "--dtype", "bf16", "--no-validate", "-q")
+    assert proc.returncode == 0, proc.stderr
+    converted = onnx.load(str(resnet.with_name("resnet50.bf16.onnx")))
+    assert onnx.TensorProto.BFLOAT16 in {t.data_type for t in converted.graph.initializer}
+    assert not resnet.with_name("resnet50.fp16.onnx").exists()
+
+
+def _planned(resnet: Path, tmp_path: Path, *flags: str) -> dict[str, dict]:
+    """Run the CLI in-process with ``flags``; the plan's entries by node name."""
+    plan_path = tmp_path / "plan.json"
+    assert main([str(resnet), "-o", str(tmp_path / "o.onnx"), "--no-validate", "-q", "--plan-json", str(plan_path), *flags]) == 0
+    plan = json.loads(plan_path.read_text())
+    return {"": plan} | {n["name"]: n for n in plan["nodes"]}
+
+
+def _precisions(plan: dict, op: str) -> set[str]:
+    return {n["precision"] for name, n in plan.items() if name and n["op_type"] == op}
+
+
+def test_list_and_rule_flags_reach_the_plan(resnet, tmp_path):
+    """Each list and node-name flag, given on the command line, decides the nodes it names."""
+    plan = _planned(resnet, tmp_path, "--level", "O3", "--keep-batchnorm-fp32")
+    assert _precisions(plan, "BatchNormalization") == {"fp32"}
+    plan = _planned(resnet, tmp_path, "--level", "O2", "--no-keep-batchnorm-fp32")
+    assert _precisions(plan, "BatchNormalization") == {"low"}
+    plan = _planned(resnet, tmp_path, "--level", "O2")
+    assert _precisions(plan, "BatchNormalization") == {"fp32"}  # keep_batchnorm_fp32 is O2's default
+
+    plan = _planned(resnet, tmp_path, "--level", "O1", "--lists", "paddle")
+    assert plan[""]["profile"] == "paddle"
+
+    plan = _planned(resnet, tmp_path, "--level", "O2", "--keep-fp32", "^/conv1/", "--keep-fp32", "/fc/")
+    assert plan["/conv1/Conv"]["rule"] == plan["/fc/Gemm"]["rule"] == "user-keep-fp32"
+    assert plan["/layer1/layer1.0/conv1/Conv"]["precision"] == "low"
+
+    plan = _planned(resnet, tmp_path, "--level", "O1", "--force-low", "^/bn1/", "--force-low", "/avgpool/")
+    assert plan["/bn1/BatchNormalization"]["rule"] == plan["/avgpool/GlobalAveragePool"]["rule"] == "user-force-low"
+    assert plan["/bn1/BatchNormalization"]["precision"] == "low"
+
+    plan = _planned(resnet, tmp_path, "--level", "O1", "--white-list", "Add", "--black-list", "Gemm")
+    assert _precisions(plan, "Add") == {"low"} and plan["/fc/Gemm"]["rule"] == "black-list"
+
+    plan = _planned(resnet, tmp_path, "--only-white-list", "Gemm")
+    assert plan[""]["level"] == "O1" and _precisions(plan, "Conv") == {"fp32"} and plan["/fc/Gemm"]["precision"] == "low"
+
+    plan = _planned(resnet, tmp_path, "--only-black-list", "Conv")
+    assert plan[""]["level"] == "O2" and _precisions(plan, "Conv") == {"fp32"} and plan["/fc/Gemm"]["precision"] == "low"
+    assert _precisions(plan, "BatchNormalization") == {"low"}  # the list replaced: BatchNormalization is no longer on it
+
+
 def test_explain_and_plan_json(resnet, tmp_path, capsys):
     plan_path = tmp_path / "plan.json"
     rc = main([str(resnet), "--level", "O1", "-o", str(tmp_path / "o.onnx"), "--explain", "--plan-json", str(plan_path)])

@@ -16,6 +16,7 @@ import io
 import json
 import os
 import random
+import shutil
 import signal
 import stat
 import subprocess
@@ -152,6 +153,14 @@ BAD_INPUTS = {
     "undefined-tensor": (lambda tmp: _save(tmp, _model([helper.make_node("Add", ["x", "ghost"], ["y"])])), "'ghost'"),
     "unsorted-nodes": (_unsorted, "topologically sorted"),
     "opset-3": (lambda tmp: _save(tmp, _model([helper.make_node("Relu", ["x"], ["y"])], opset=3)), "opset 3 is not supported"),
+    "opset-99": (
+        lambda tmp: _save(tmp, _model([helper.make_node("Relu", ["x"], ["y"])], opset=99)),
+        "opset 99 is not supported",
+    ),
+    "ir-version-2": (
+        lambda tmp: _save(tmp, _model([helper.make_node("Relu", ["x"], ["y"])], ir_version=2)),
+        "IR version 2 is not supported",
+    ),
     "ir-version-99": (
         lambda tmp: _save(tmp, _model([helper.make_node("Relu", ["x"], ["y"])], ir_version=99)),
         "IR version 99 is not supported",
@@ -419,17 +428,32 @@ def _chmod_stops_writes(folder: Path) -> bool:
     return False
 
 
+def _immutable(folder: Path, on: bool) -> bool:
+    """``chattr +i`` (or ``-i``): stops writes into ``folder`` even for root, where the file system allows it."""
+    chattr = shutil.which("chattr")
+    if chattr is None:
+        return False
+    return subprocess.run([chattr, "+i" if on else "-i", str(folder)], capture_output=True).returncode == 0
+
+
 def test_output_in_a_read_only_folder_is_refused(tmp_path, lstm):
     folder = tmp_path / "ro"
     folder.mkdir()
     (folder / "out.onnx").write_bytes(OLD)
     folder.chmod(0o555)
+    immutable = False
     try:
+        # As root, chmod does not stop writes: an immutable folder does (CI runs as root).
         if not _chmod_stops_writes(folder):
-            pytest.skip("running as root (or with CAP_DAC_OVERRIDE): chmod 0o555 does not stop writes here")
+            immutable = _immutable(folder, True)
+            if not immutable or not _chmod_stops_writes(folder):
+                pytest.skip("running as root and neither chmod 0o555 nor chattr +i stops writes here")
         before = snapshot(tmp_path)
         assert_refused(cli(lstm, "-o", folder / "out.onnx"), "not writable", before, tmp_path)
+        assert_refused(cli(lstm, "-o", tmp_path / "fine.onnx", "--report", folder / "r.json"), "not writable", before, tmp_path)
     finally:
+        if immutable:
+            _immutable(folder, False)
         folder.chmod(0o755)
 
 

@@ -621,6 +621,48 @@ def test_loop_body_is_converted():
     assert close(run(m, feeds)[0], run(out, feeds)[0])
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_scan_body_is_converted_and_reads_the_outer_weight_low(dtype):
+    """Scan over the rows of x: state <- state + Tanh(row @ W), W captured
+    from the main graph. The body's MatMul runs low, the Scan keeps its fp32
+    interface, and W (read only low) is lowered once, outside the body."""
+    body = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["row", "W"], ["proj"], name="body_mm"),
+            helper.make_node("Tanh", ["proj"], ["act"], name="body_tanh"),
+            helper.make_node("Add", ["state_in", "act"], ["state_out"], name="body_add"),
+            helper.make_node("Identity", ["state_out"], ["step"], name="body_step"),
+        ],
+        "body",
+        [value("state_in", shape=(4,)), value("row", shape=(4,))],
+        [value("state_out", shape=(4,)), value("step", shape=(4,))],
+    )
+    nodes = [helper.make_node("Scan", ["s0", "x"], ["final", "y"], name="scan", body=body, num_scan_inputs=1)]
+    m = model(
+        nodes,
+        [value("x", shape=(3, 4))],
+        [value("final", shape=(4,)), value("y", shape=(3, 4))],
+        [init("W", w(4, 4)), init("s0", np.zeros(4, np.float32))],
+    )
+    out, plan = convert(m, level="O1", dtype=dtype)
+    onnx.checker.check_model(out, full_check=True)
+    assert plan.by_name("scan").rule == "control-flow"
+    assert plan.by_name("body_mm", "scan/body").precision is Precision.LOW
+    assert plan.by_name("body_tanh", "scan/body").precision is Precision.LOW  # follows the low MatMul
+    low = F16 if dtype == "fp16" else BF16
+    assert init_type(out, "W") == low and init_type(out, "s0") == F32  # the state keeps the Scan's fp32 interface
+    body_out = attr(nodes_of(out, "Scan")[0], "body")
+    casts = [n for n in body_out.node if n.op_type == "Cast"]
+    # Casts only at the body's fp32 interface: its inputs cast down, its outputs cast back.
+    interface = {v.name for v in (*body_out.input, *body_out.output)}
+    assert casts and all(c.input[0] in interface or c.output[0] in interface for c in casts)
+    assert [v.type.tensor_type.elem_type for v in out.graph.output] == [F32, F32]
+    if dtype == "fp16":
+        feeds = x_feed((3, 4))
+        for a, b in zip(run(m, feeds), run(out, feeds), strict=True):
+            assert close(a, b)
+
+
 # ---------------------------------------------------------------- options
 
 

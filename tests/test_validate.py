@@ -209,8 +209,40 @@ def test_bad_input_flags_exit_2(tmp_path):
 def test_object_arrays_in_npz_are_refused(tmp_path):
     bad = tmp_path / "pickled.npz"
     np.savez(bad, input=np.array([{"a": 1}], dtype=object))
-    proc = cli(str(ROOT / "models" / "zoo" / "resnet50.onnx"), "-o", str(tmp_path / "o.onnx"), "--inputs", str(bad))
-    assert proc.returncode == 2 and "object arrays" in proc.stderr
+    source = tmp_path / "resnet50.onnx"
+    shutil.copy(ROOT / "models" / "zoo" / "resnet50.onnx", source)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    proc = cli(str(source), "-o", str(tmp_path / "o.onnx"), "--inputs", str(bad), "--report", str(tmp_path / "r.json"))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "object arrays" in lines[0] and "Traceback" not in proc.stderr
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing written, nothing changed
+
+
+def test_provider_cuda_without_a_usable_gpu_exits_2(tmp_path):
+    from amp_convert.runner import cuda_usable
+
+    if cuda_usable()[0]:
+        pytest.skip("a usable CUDA device is here")
+    proc = cli(str(ROOT / "models" / "zoo" / "lstm.onnx"), "-o", str(tmp_path / "o.onnx"), "--provider", "cuda")
+    assert proc.returncode == 2 and "--provider cuda" in proc.stderr and not (tmp_path / "o.onnx").exists()
+    report = tmp_path / "r.json"
+    proc = cli(str(ROOT / "models" / "zoo" / "lstm.onnx"), "-o", str(tmp_path / "o.onnx"), "--report", str(report), "-q")
+    assert proc.returncode == 0 and json.loads(report.read_text())["validation"]["provider"] == "cpu"  # auto: the CPU
+
+
+def test_tolerance_flags_decide_the_verdict(overflow_path, tmp_path):
+    """O1 of the overflow model passes the defaults; tighter flags fail it, each on its own criterion."""
+    base = [str(overflow_path), "--level", "O1", "-o", str(tmp_path / "o.onnx"), "--input-range", "x=-2:2"]
+    assert cli(*base, "-q").returncode == 0
+    report = tmp_path / "r.json"
+    tight = cli(*base, "--atol", "0", "--rtol", "0", "--report", str(report), "-q")
+    assert tight.returncode == 1
+    [y] = json.loads(report.read_text())["validation"]["outputs"]
+    assert y["checks"]["max_abs_err"] is False and y["checks"]["cosine"] is True
+    strict = cli(*base, "--min-cosine", "1", "--report", str(report), "-q")
+    assert strict.returncode == 1
+    [y] = json.loads(report.read_text())["validation"]["outputs"]
+    assert y["checks"]["cosine"] is False and y["checks"]["max_abs_err"] is True
 
 
 def test_compare_command_scores_another_tools_conversion(tmp_path):
@@ -240,6 +272,15 @@ def test_error_stats():
     assert math.isclose(s.max_abs_err, 0.03, rel_tol=1e-4)
     assert 0.999 < s.cosine < 1.0 and s.snr_db > 30
     assert s.verdict(DEFAULT_TOLERANCES["fp16"]) == ["1 new NaN/Inf values"]  # 0.03 <= 1e-3 + 1e-2 * 3
+    # Over the finite pairs: errors |0.01|, 0, |0.03|, 0 then 0, 0, 0 (the Inf pair left out).
+    assert math.isclose(s.sum_abs_err / s.count, 0.04 / 7, rel_tol=1e-4)
+    assert math.isclose(s.max_rel_err, 0.01, rel_tol=1e-4)  # 0.01 / |1| and 0.03 / |3|
+    assert (s.ref_nan, s.ref_inf, s.cand_nan) == (0, 0, 0)
+    nans = ErrorStats("z")
+    nans.update(np.array([np.nan, np.inf, 1.0], np.float32), np.array([np.nan, np.inf, np.nan], np.float32))
+    assert (nans.ref_nan, nans.ref_inf, nans.cand_nan, nans.cand_inf, nans.new_nonfinite) == (1, 1, 2, 1, 1)
+    d = nans.as_dict(DEFAULT_TOLERANCES["fp16"])
+    assert d["new_nonfinite"] == 1 and not d["passed"]
     exact = ErrorStats("ids")
     exact.update(np.array([1, 2, 3, 4]), np.array([1, 2, 0, 4]))
     assert exact.kind == "exact" and exact.equal_fraction == 0.75
@@ -532,3 +573,23 @@ def test_bf16_inputs_or_outputs_always_run_through_the_emulation():
         with pytest.raises(AmpError, match=f"the {role} has bfloat16"):
             decide_emulation("never", "cuda", bf16, {"logits": bf16}, role)
     assert decide_emulation("never", "cuda", fp16, {"logits": fp16}) == (False, "requested (--emulate never)")
+
+
+def test_generated_inputs_follow_ranges_and_seed():
+    reference = onnx.load(ZOO["bert"]["path"])
+    shapes = ["input_ids=2x12", "attention_mask=2x12", "token_type_ids=2x12"]
+
+    def samples(seed: int) -> list[dict[str, np.ndarray]]:
+        ranges = ["input_ids=5:1000", "attention_mask=1:2"]
+        return list(make_source(reference, shapes=shapes, ranges=ranges, samples=3, seed=seed))
+
+    first, again, other = samples(0), samples(0), samples(1)
+    assert len(first) == 3
+    for feeds in first:
+        ids = feeds["input_ids"]
+        assert ids.dtype == np.int64 and ids.shape == (2, 12) and ids.min() >= 5 and ids.max() < 1000
+        assert (feeds["attention_mask"] == 1).all()
+        assert set(np.unique(feeds["token_type_ids"])) <= {0, 1}  # integers default to [0, 2)
+    for a, b in zip(first, again, strict=True):
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(first[0]["input_ids"], other[0]["input_ids"])
