@@ -62,7 +62,7 @@ bench-casts: setup pypi-models
 
 # Synthetic 2k-100k-node graphs, the 3 GB external-data model and the zoo (models built and cached on first run).
 bench-convert: setup pypi-models
-	$(BIN)/python scripts/bench_convert.py --kinds transformer,conv --big --zoo
+	$(BIN)/python scripts/bench_convert.py --kinds transformer,conv --big --zoo --timeout 300 --repeat 3
 
 bench-auto: setup pypi-models
 	$(BIN)/python scripts/bench_auto.py

@@ -7,6 +7,7 @@ estimates) are kept, never the tensors themselves.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -89,13 +90,15 @@ def calibrate(
             array = values.get(name)
             if array is None or array.size == 0:
                 continue
-            finite = array[np.isfinite(array)] if not np.isfinite(array).all() else array
+            low, high = float(array.min()), float(array.max())
+            if not (math.isfinite(low) and math.isfinite(high)):  # (a NaN or Inf: range of the finite values)
+                finite = array[np.isfinite(array)]
+                low, high = (float(finite.min()), float(finite.max())) if finite.size else (math.inf, -math.inf)
             r = ranges.setdefault(name, TensorRange())
             r.size = max(r.size, int(array.size))
             r.shape = tuple(array.shape)
-            if finite.size:
-                r.low = min(r.low, float(finite.min()))
-                r.high = max(r.high, float(finite.max()))
+            r.low = min(r.low, low)
+            r.high = max(r.high, high)
         del values
         result.samples += 1
     return result

@@ -45,7 +45,9 @@ class Selection:
 
 
 def find_selections(ctx: GraphContext) -> list[Selection]:
-    """The choices of a typed main graph that validation can pin."""
+    """The choices of a typed main graph that validation can pin: those that
+    pick float data (a classifier's ArgMax cast to an int32 label output
+    picks nothing: its labels are compared as they are)."""
     outputs = set(ctx.output_names)
     found: list[Selection] = []
     for i, op in enumerate(ctx.ops):
@@ -63,7 +65,30 @@ def find_selections(ctx: GraphContext) -> list[Selection]:
             for name in outs:
                 if name and name not in outputs and ctx.types.get(name) == TensorProto.INT64:
                     found.append(Selection(name, ctx.node_label(i), "If"))
-    return found
+    return [s for s in found if _picks_float_data(ctx, s)]
+
+
+def _picks_float_data(ctx: GraphContext, selection: Selection) -> bool:
+    """Whether float data depends on the choice: a float tensor downstream of
+    it in the main graph (or computed by a node whose body reads it), or, for
+    a TopK, its values."""
+    if selection.op_type == "TopK":
+        values = ctx.outs[ctx.producer[selection.name]][0]
+        if values and (values in ctx.consumers or values in ctx.output_names):
+            return True
+    seen, todo = {selection.name}, [selection.name]
+    while todo:
+        name = todo.pop()
+        readers = [j for j, _ in ctx.consumers.get(name, ())] + ctx.captured_by.get(name, [])
+        for j in readers:
+            for out in ctx.outs[j]:
+                if not out or out in seen:
+                    continue
+                if ctx.types.get(out) in _FLOATS:
+                    return True
+                seen.add(out)
+                todo.append(out)
+    return False
 
 
 def pin(model: onnx.ModelProto, selections: list[Selection], taken: set[str]) -> tuple[onnx.ModelProto, dict[str, str]]:

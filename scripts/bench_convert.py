@@ -408,8 +408,8 @@ def bench_model(entry: dict[str, Any], tools: list[Tool], args: argparse.Namespa
             if not args.keep_outputs and (rec["output_bytes"] or 0) > args.keep_max_mb * MB:
                 for f in run_dir.glob("out.onnx*"):
                     f.unlink()
-            if rec["status"] != "ok":
-                break  # a failure or a timeout is not repeated
+            if rec["status"] != "ok" or rec["wall_s"] > args.repeat_under:
+                break  # a failure, a timeout or a slow run (its noise is small beside it) is not repeated
         rec = dict(reps[0])
         rec["walls_s"] = [round(r["wall_s"], 3) for r in reps]
         rec["wall_s"] = statistics.median(r["wall_s"] for r in reps)
@@ -684,6 +684,7 @@ def main() -> None:
     )
     parser.add_argument("--timeout", type=float, default=600, help="seconds per process (default 600)")
     parser.add_argument("--repeat", type=int, default=1, help="processes per tool and model; wall time is the median")
+    parser.add_argument("--repeat-under", type=float, default=60, help="repeat only runs faster than this (seconds)")
     parser.add_argument("--ort-max-nodes", type=int, default=40_000, help="run outputs in onnxruntime up to this many nodes")
     parser.add_argument("--no-inspect", action="store_true", help="skip Cast counts, checker and onnxruntime on outputs")
     parser.add_argument("--out-dir", default="/tmp/amp_bench", help="outputs and logs (default /tmp/amp_bench)")

@@ -825,6 +825,69 @@ def test_interrupt_mid_write_keeps_the_old_file_and_removes_the_temporary(tmp_pa
     assert _temporaries(out_dir) == []
 
 
+SLOW_STAGE_WRITERS = textwrap.dedent(
+    """
+    import sys, time
+    import amp_convert.save
+    from amp_convert.save import atomic_path
+
+    marker, which = sys.argv[1], sys.argv[2]
+    write_external = amp_convert.save.write_with_external_data
+
+    def slow_external(*args, **kwargs):
+        write_external(*args, **kwargs)  # the model and its data file, complete, in the staging folder
+        open(marker, "w").close()
+        time.sleep(120)
+
+    def slow_text(path, text):
+        with atomic_path(path) as tmp:
+            tmp.write_text(text[: len(text) // 2])
+            open(marker, "w").close()
+            time.sleep(120)
+            tmp.write_text(text)
+
+    if which == "external":
+        amp_convert.save.write_with_external_data = slow_external
+    else:
+        amp_convert.save.write_text = slow_text
+    from amp_convert.cli import main
+
+    sys.exit(main(sys.argv[3:]))
+    """
+)
+
+
+@pytest.mark.parametrize("which", ["external", "report"])
+def test_interrupt_mid_write_of_external_data_or_a_report_keeps_the_old_files(tmp_path, big_model, which):
+    """The model with its data file (written in a staging folder, renamed
+    together) and the reports are as safe from SIGTERM as the model alone."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    target = out_dir / "big.fp16.onnx"
+    olds = {target: OLD, out_dir / "big.fp16.onnx.data": OLD + b"data", out_dir / "r.json": OLD + b"report"}
+    for path, data in olds.items():
+        path.write_bytes(data)
+    driver, marker = tmp_path / "driver.py", tmp_path / "writing"
+    driver.write_text(SLOW_STAGE_WRITERS)
+    args = [str(big_model), "-o", str(target), "-q", "--no-validate"]
+    args += ["--external-data", "always"] if which == "external" else ["--report", str(out_dir / "r.json")]
+    proc = subprocess.Popen([sys.executable, str(driver), str(marker), which, *args], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not marker.exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "the converter did not start writing within 240 s"
+        time.sleep(0.05)
+    assert sorted(p.name for p in out_dir.iterdir() if p.name.endswith(".tmp"))  # caught mid-write
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "amp-convert: interrupted" in stderr and "Traceback" not in stderr
+    if which == "external":
+        assert all(path.read_bytes() == data for path, data in olds.items())
+    else:  # (the model was written before the report: the report is what must be whole or old)
+        assert (out_dir / "r.json").read_bytes() == olds[out_dir / "r.json"]
+    assert [p.name for p in out_dir.iterdir() if p.name.endswith(".tmp")] == []
+
+
 def test_sigkill_mid_write_still_never_leaves_a_partial_target(tmp_path, big_model):
     """SIGKILL cannot be caught: the temporary file stays behind, the target is intact."""
     out_dir = tmp_path / "out"
