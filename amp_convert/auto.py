@@ -24,7 +24,6 @@ import onnx
 
 from .calibrate import Calibration
 from .check import check_converted
-from .graph import build_context
 from .inputs import InputSource
 from .options import ConvertOptions
 from .pipeline import ConversionResult, convert
@@ -86,7 +85,6 @@ class AutoResult:
 def compute_weights(model: onnx.ModelProto, calibration: Calibration | None) -> dict[str, float]:
     """Rough cost of each main-graph node: multiply-accumulates for the
     GEMM-like ops, output elements for the rest (1 where shapes are unknown)."""
-    ctx = build_context(model.graph)
     shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
     if calibration is not None:
         shapes.update({n: r.shape for n, r in calibration.ranges.items() if r.size})
@@ -101,7 +99,7 @@ def compute_weights(model: onnx.ModelProto, calibration: Calibration | None) -> 
         return n
 
     weights = {}
-    for i, node in enumerate(ctx.nodes):
+    for i, node in enumerate(model.graph.node):
         out = size(node.output[0]) if node.output else 0
         w = float(out or 1)
         op = node.op_type
@@ -119,7 +117,7 @@ def compute_weights(model: onnx.ModelProto, calibration: Calibration | None) -> 
         elif op in ("LSTM", "GRU", "RNN") and shapes.get(node.input[1]) and shapes.get(node.input[2]):
             gates_in, gates_hidden = shapes[node.input[1]], shapes[node.input[2]]
             w = float(out) * (gates_in[1] * gates_in[2] + gates_hidden[1] * gates_hidden[2]) / max(gates_in[2], 1)
-        weights[ctx.node_label(i)] = w
+        weights[node.name or f"{op}_{i}"] = w  # (the plan's labels)
     return weights
 
 
