@@ -141,7 +141,7 @@ def _rewrite(ctx: GraphContext, names: NameGenerator, base_dir: Path | None) -> 
         if node.op_type in ("Constant", "ConstantOfShape"):
             for a in node.attribute:
                 if a.name == "value":
-                    _float_value(a.t, None)
+                    _float_value(a.t, base_dir)
             new_nodes.append(node)
             continue
         low_outputs = [(k, o) for k, o in enumerate(node.output) if o and ctx.types.get(o) in LOW_TYPES]

@@ -2,11 +2,12 @@
 tensor by tensor.
 
 A model loaded with ``load_model(path, lazy_external=True)`` keeps its
-external tensors as references to the input's data file. Tensors the
-converter lowers are read one at a time and replaced by their (half-size)
-low-precision bytes; the others are copied from the input's data file to the
-output's in chunks when the model is written. The whole fp32 weight set is
-never in memory.
+external tensors as references to the input's data file. A tensor the
+converter lowers keeps that reference too: it is retyped, and its float32
+bytes are converted chunk by chunk when the model is written (or when
+something reads the tensor). The others are copied from the input's data
+file to the output's in chunks. Neither the fp32 weights nor their
+low-precision copy is ever held in memory whole.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ ALIGN = 64  # offsets of tensors in the data file, for memory-mapped readers
 INLINE_BELOW = 1024  # bytes: smaller tensors stay inside the .onnx file
 
 
+# An external_data entry of a tensor retyped in memory whose file segment
+# still holds the values in the type it names (an int, as text).
+STORED_TYPE = "amp_convert.stored_type"
+
+
 def is_external(tensor: onnx.TensorProto) -> bool:
     return tensor.data_location == onnx.TensorProto.EXTERNAL
 
@@ -36,15 +42,51 @@ def external_info(tensor: onnx.TensorProto) -> dict[str, str]:
     return {e.key: e.value for e in tensor.external_data}
 
 
-def read_array(tensor: onnx.TensorProto, base_dir: str | os.PathLike) -> np.ndarray:
-    """The values of an external tensor, read from its file segment."""
-    info = external_info(tensor)
-    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+def retype_external(tensor: onnx.TensorProto, elem_type: int) -> None:
+    """Give an external tensor another (float) type without reading it: its
+    values are converted wherever they are read or written."""
+    if STORED_TYPE not in external_info(tensor):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = STORED_TYPE, str(tensor.data_type)
+    tensor.data_type = elem_type
+
+
+def _np_dtype(elem_type: int) -> np.dtype:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def _count(tensor: onnx.TensorProto) -> int:
     count = 1
     for d in tensor.dims:
         count *= d
-    array = np.fromfile(Path(base_dir) / info["location"], dtype=dtype, count=count, offset=int(info.get("offset", 0) or 0))
+    return count
+
+
+def read_array(tensor: onnx.TensorProto, base_dir: str | os.PathLike) -> np.ndarray:
+    """The values of an external tensor, mapped from its file segment (read
+    only), converted to the tensor's type if it was retyped."""
+    info = external_info(tensor)
+    stored = _np_dtype(int(info[STORED_TYPE])) if STORED_TYPE in info else _np_dtype(tensor.data_type)
+    count = _count(tensor)
+    if count == 0:
+        array = np.empty(0, stored)
+    else:
+        offset = int(info.get("offset", 0) or 0)
+        array = np.memmap(Path(base_dir) / info["location"], dtype=stored, mode="r", offset=offset, shape=(count,))
+    if STORED_TYPE in info:
+        array = array.astype(_np_dtype(tensor.data_type))
     return array.reshape(tuple(tensor.dims))
+
+
+def inline_retyped(model: onnx.ModelProto, base_dir: str | os.PathLike) -> None:
+    """Read the retyped external tensors of ``model`` into it (converted), so
+    that a plain loader of external data finds only bytes it can copy."""
+    for tensor in all_tensors(model.graph):
+        if is_external(tensor) and STORED_TYPE in external_info(tensor):
+            data = np.ascontiguousarray(read_array(tensor, base_dir)).view(np.uint8).tobytes()
+            del tensor.external_data[:]
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            tensor.raw_data = data
 
 
 def all_initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
@@ -102,7 +144,7 @@ def payload(model: onnx.ModelProto) -> Payload:
     for t in all_tensors(model.graph):
         if t.data_location == onnx.TensorProto.EXTERNAL:
             info = external_info(t)
-            external += int(info.get("length", 0) or 0)
+            external += _written_length(t, info)
             files.add(info.get("location", ""))
         else:
             inline += len(t.raw_data)
@@ -137,11 +179,14 @@ def write_with_external_data(
                 if source_dir is None:
                     raise ValueError(f"tensor {tensor.name!r} refers to external data but no source folder is known")
                 info = external_info(tensor)
+                source, start = Path(source_dir) / info["location"], int(info.get("offset", 0) or 0)
                 offset = _pad(out)
-                length = _copy_segment(
-                    Path(source_dir) / info["location"], int(info.get("offset", 0) or 0), _data_length(tensor, info), out
-                )
-            elif id(tensor) in initializers and tensor.ByteSize() >= INLINE_BELOW:
+                if STORED_TYPE in info:
+                    stored = _np_dtype(int(info[STORED_TYPE]))
+                    length = _convert_segment(source, start, _count(tensor), stored, _np_dtype(tensor.data_type), out)
+                else:
+                    length = _copy_segment(source, start, _data_length(tensor, info), out)
+            elif id(tensor) in initializers and _large(tensor):
                 data = tensor.raw_data
                 if len(data) < INLINE_BELOW:
                     continue
@@ -161,6 +206,21 @@ def write_with_external_data(
         f.write(model.SerializeToString())
         f.flush()
         os.fsync(f.fileno())
+
+
+def _large(tensor: onnx.TensorProto) -> bool:
+    """Whether an inline tensor reaches INLINE_BELOW bytes (ByteSize would
+    serialize it, raw_data would copy it: both cost on big weights)."""
+    if tensor.HasField("raw_data"):
+        return _count(tensor) * _np_dtype(tensor.data_type).itemsize >= INLINE_BELOW
+    return tensor.ByteSize() >= INLINE_BELOW
+
+
+def _written_length(tensor: onnx.TensorProto, info: dict[str, str]) -> int:
+    """Bytes the tensor takes once written: converted ones in their new type."""
+    if STORED_TYPE in info:
+        return _count(tensor) * _np_dtype(tensor.data_type).itemsize
+    return int(info.get("length", 0) or 0)
 
 
 def _data_length(tensor: onnx.TensorProto, info: dict[str, str]) -> int:
@@ -193,6 +253,25 @@ def _copy_segment(source: Path, offset: int, length: int, out) -> int:
             out.write(chunk)
             left -= len(chunk)
     return length
+
+
+def _convert_segment(source: Path, offset: int, count: int, stored: np.dtype, wanted: np.dtype, out) -> int:
+    """Copy ``count`` values from ``source``, converting them from ``stored``
+    to ``wanted``, one chunk at a time through two reused buffers."""
+    per_chunk = max(min(CHUNK // stored.itemsize, count), 1)
+    values, converted = np.empty(per_chunk, stored), np.empty(per_chunk, wanted)
+    raw = values.view(np.uint8)
+    with open(source, "rb") as f:
+        f.seek(offset)
+        left = count
+        while left:
+            n = min(per_chunk, left)
+            if f.readinto(raw[: n * stored.itemsize]) != n * stored.itemsize:
+                raise ValueError(f"{source}: shorter than the tensor it should hold")
+            converted[:n] = values[:n]
+            out.write(converted[:n].view(np.uint8))
+            left -= n
+    return count * wanted.itemsize
 
 
 def _point_to(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:

@@ -155,12 +155,13 @@ def _convert(
     infer_types(ctx, model_opsets(work), assume_float=frozenset(k for k in options.op_lists().white if "::" in k))
     if calibration is None and options.safety_on:
         notes.append("calibrated range rule inactive: no reference data")
-    plan = make_plan(work, ctx, options, ConstantRanges(clip=options.clip_initializers, base_dir=base_dir), calibration)
+    ranges = ConstantRanges(clip=options.clip_initializers, base_dir=base_dir)
+    plan = make_plan(work, ctx, options, ranges, calibration)
     plan.notes[:0] = notes
     timer.lap("plan")
     result = ConversionResult(work, plan, options, casts_before=casts_before)
     if options.effective_level != "O0":
-        rewriter = Rewriter(plan, options.low, options.io_types, NameGenerator(tensor_names(ctx)), base_dir)
+        rewriter = Rewriter(plan, options.low, options.io_types, NameGenerator(tensor_names(ctx)), base_dir, ranges)
         result.stats = rewriter.run(ctx)
         timer.lap("rewrite")
         types: dict[str, int] = {}

@@ -24,10 +24,11 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .dtypes import FLOAT, LowDtype
-from .external import read_array
+from .external import is_external, read_array, retype_external
 from .graph import GraphContext, NameGenerator
 from .lists import DTYPE_AGNOSTIC_INPUTS, DTYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
 from .plan import Demand, Plan, Precision
+from .safety import ConstantRanges, ValueStats, value_stats
 from .schema import is_default_domain
 
 
@@ -75,21 +76,36 @@ def to_low_array(array: np.ndarray, low: LowDtype, name: str, stats: RewriteStat
             stats.clipped[name] = stats.clipped.get(name, 0) + n_over
     out = a.astype(low.numpy)
     if np.min(magnitude, initial=np.inf, where=not_nan) < low.tiny:  # only then can a value flush to zero
-        n_flushed = int(np.count_nonzero((a != 0) & (out.astype(np.float32) == 0)))
+        candidates = (magnitude < low.tiny) & (a != 0)  # (few: look at their converted values only)
+        n_flushed = int(np.count_nonzero(out.reshape(-1)[candidates.reshape(-1)] == 0))
         if n_flushed:
             stats.flushed[name] = stats.flushed.get(name, 0) + n_flushed
     return out
 
 
 def lower_tensor(
-    tensor: onnx.TensorProto, low: LowDtype, stats: RewriteStats, label: str = "", base_dir: Path | None = None
+    tensor: onnx.TensorProto,
+    low: LowDtype,
+    stats: RewriteStats,
+    label: str = "",
+    base_dir: Path | None = None,
+    values: ValueStats | None = None,
 ) -> None:
     """Rewrite a float32 TensorProto in place as ``low`` (same name). An
-    external tensor is read from its file and stored inline at half the size
-    (the save writes it out again)."""
+    external tensor with nothing to clip is only retyped: its values are
+    converted as the model is written (``values``: its statistics, when
+    known; they count what flushes to zero). One with values to clip is
+    read, clipped and stored inline at half the size."""
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
         if base_dir is None:
             raise ValueError(f"tensor {tensor.name!r} has external data but the model's folder is unknown")
+        known = values or value_stats(read_array(tensor, base_dir))
+        if known.abs_max <= low.max:
+            if known.underflow(low):
+                name = label or tensor.name
+                stats.flushed[name] = stats.flushed.get(name, 0) + known.underflow(low)
+            retype_external(tensor, low.onnx_type)
+            return
         converted = to_low_array(read_array(tensor, base_dir), low, label or tensor.name, stats)
         del tensor.external_data[:]
         tensor.data_location = onnx.TensorProto.DEFAULT
@@ -154,8 +170,17 @@ REWRITTEN_OPS = frozenset(DTYPE_ATTRIBUTE_OPS) | VALUE_ATTRIBUTE_OPS
 class Rewriter:
     """Applies a :class:`Plan` to the graphs indexed by a GraphContext tree."""
 
-    def __init__(self, plan: Plan, low: LowDtype, io_types: str, names: NameGenerator, base_dir: Path | None = None):
+    def __init__(
+        self,
+        plan: Plan,
+        low: LowDtype,
+        io_types: str,
+        names: NameGenerator,
+        base_dir: Path | None = None,
+        ranges: ConstantRanges | None = None,
+    ):
         self.plan = plan
+        self.ranges = ranges  # constants' value statistics the planner gathered (external weights are not read again)
         self.low = low
         self.io_low = io_types == "low"
         self.demand = Demand(plan, low, io_types)
@@ -199,7 +224,8 @@ class Rewriter:
                 if _batchable(tensor):
                     batch.append(tensor)
                 else:
-                    lower_tensor(tensor, self.low, self.stats, base_dir=self.base_dir)
+                    known = self.ranges.stats(name, tensor) if self.ranges is not None and is_external(tensor) else None
+                    lower_tensor(tensor, self.low, self.stats, base_dir=self.base_dir, values=known)
                 versions[name] = {low: name}
                 changed[name] = low
                 self.stats.initializers_lowered += 1

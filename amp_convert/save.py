@@ -25,7 +25,7 @@ import onnx
 from onnx.external_data_helper import load_external_data_for_model
 
 from .errors import AmpError
-from .external import PROTOBUF_LIMIT, Payload, payload, write_with_external_data
+from .external import PROTOBUF_LIMIT, Payload, inline_retyped, payload, write_with_external_data
 from .load import is_input_file
 
 _CAUGHT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
@@ -200,6 +200,7 @@ def save_model(
     if not external:
         measured = measured or payload(model)
         if measured.has_external:
+            inline_retyped(model, source or target.parent)
             load_external_data_for_model(model, str(source or target.parent))
         if measured.total > PROTOBUF_LIMIT:
             raise AmpError(

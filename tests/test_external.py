@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -150,3 +151,42 @@ def test_constants_held_in_external_data_are_read_converted_and_written(level, t
     ref, got = run_path(source, x), run_path(out, x)
     assert np.max(np.abs(ref - got)) <= (1e-2 * np.max(np.abs(ref)) + 1e-3 if low else 0)
     assert {p.name: p.read_bytes() for p in source.parent.iterdir()} == before
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_external_weights_are_converted_as_they_are_written_exactly_and_counted(dtype, tmp_path):
+    """Weights in external data are retyped in memory and converted chunk by
+    chunk while the output's data file is written: the bytes equal numpy's
+    own conversion, values flushed to zero are counted as for inline
+    weights, and a weight with values to clip (--clip-initializers) is
+    clipped and counted."""
+    import ml_dtypes
+
+    low = np.float16 if dtype == "fp16" else ml_dtypes.bfloat16
+    tiny = (RNG.standard_normal((64, 64)) * 0.2).astype(np.float32)
+    tiny[0, :5] = 1e-9 if dtype == "fp16" else 1e-45  # flush to zero in the low type
+    big = (RNG.standard_normal((64, 64)) * 0.2).astype(np.float32)
+    big[1, :3] = np.finfo(np.float32).max if dtype == "bf16" else 1e5  # beyond the low type's largest value
+    nodes = [
+        helper.make_node("MatMul", ["x", "W_tiny"], ["h"], name="mm1"),
+        helper.make_node("MatMul", ["h", "W_big"], ["y"], name="mm2"),
+    ]
+    m = model(nodes, [value("x", shape=(4, 64))], [value("y", shape=(4, 64))], [init("W_tiny", tiny), init("W_big", big)])
+    folder = tmp_path / "in"
+    folder.mkdir()
+    source = folder / "model.onnx"
+    onnx.save(m, str(source), save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin", size_threshold=1024)
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    args = [str(source), "--dtype", dtype, "-o", str(out), "--no-validate", "--report", str(report), "-q"]
+    proc = cli(*args, "--clip-initializers")
+    assert proc.returncode == 0, proc.stderr
+    onnx.checker.check_model(str(out), full_check=True)
+    written = {t.name: t for t in onnx.load(str(out)).graph.initializer}
+    expected_tiny = tiny.astype(low)
+    got_tiny = numpy_helper.to_array(written["W_tiny"])
+    assert got_tiny.dtype == np.dtype(low) and got_tiny.tobytes() == expected_tiny.tobytes()
+    got_big = numpy_helper.to_array(written["W_big"]).astype(np.float32)
+    largest = float(ml_dtypes.finfo(low).max)
+    assert np.all(got_big[1, :3] == np.float32(largest))  # clipped, not inf
+    rewrite = json.loads(report.read_text())["conversion"]["rewrite"]
+    assert rewrite["flushed"] == {"W_tiny": 5} and rewrite["clipped"] == {"W_big": 3}
