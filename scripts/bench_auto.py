@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import io
 import statistics
 import sys
@@ -114,10 +115,15 @@ def peer_auto(reference: onnx.ModelProto, feeds: dict[str, np.ndarray]):
 
 
 def timed(run, repeat: int):
-    """``run()``'s result and the median wall time of ``repeat`` runs after a warm-up run."""
+    """``run()``'s result and the median wall time of ``repeat`` runs after a
+    warm-up run, each started from a collected heap (the garbage of earlier
+    models and tools would otherwise be scanned on the clock of whichever
+    tool allocates next)."""
     result = run()
     times = []
     for _ in range(repeat):
+        result = None
+        gc.collect()
         t0 = time.perf_counter()
         result = run()
         times.append(time.perf_counter() - t0)
