@@ -61,11 +61,16 @@ def find_selections(ctx: GraphContext) -> list[Selection]:
             read = (ins[s] for s in value_slots if s < len(ins) and ins[s])
             values = tuple(name for name in read if ctx.type_of(name) in _FLOATS and name not in outputs)
             found.append(Selection(outs[slot], ctx.node_label(i), op, values))
-        elif op == "If" and any(op in SELECTION_OPS for body in ctx.subgraphs.get(i, ()) for c in body.walk() for op in c.ops):
+        elif op == "If" and any(_selects(body) for body in ctx.subgraphs.get(i, ())):
             for name in outs:
                 if name and name not in outputs and ctx.types.get(name) == TensorProto.INT64:
                     found.append(Selection(name, ctx.node_label(i), "If"))
     return [s for s in found if _picks_float_data(ctx, s)]
+
+
+def _selects(body: GraphContext) -> bool:
+    """Whether a body, or one nested in it, holds a selection op."""
+    return any(op in SELECTION_OPS for c in body.walk() for op in c.ops)
 
 
 def _picks_float_data(ctx: GraphContext, selection: Selection) -> bool:

@@ -178,3 +178,34 @@ def test_usage_errors_exit_2_with_one_line_and_write_nothing(resnet, tmp_path, a
 def test_debug_shows_a_traceback(tmp_path):
     proc = cli(str(tmp_path / "missing.onnx"), "--debug")
     assert proc.returncode == 2 and "Traceback" in proc.stderr
+
+
+def _run_on_a_terminal(*args: str) -> tuple[int, str]:
+    """Run the CLI with a pseudo-terminal as its stdout and stderr; (exit code, what it wrote)."""
+    import os
+    import pty
+
+    exe = Path(sys.executable).with_name("amp-convert")
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([str(exe), *args], stdin=subprocess.DEVNULL, stdout=follower, stderr=follower)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    return proc.wait(timeout=300), b"".join(chunks).decode(errors="replace")
+
+
+def test_progress_shows_on_a_terminal_and_nowhere_else(resnet, tmp_path):
+    rc, shown = _run_on_a_terminal(str(resnet), "-o", str(tmp_path / "a.onnx"))
+    assert rc == 0 and "converting: " in shown and "validating" in shown
+    rc, shown = _run_on_a_terminal(str(resnet), "-o", str(tmp_path / "b.onnx"), "-q")
+    assert rc == 0 and shown.strip() == ""  # --quiet: nothing at all
+    piped = cli(str(resnet), "-o", str(tmp_path / "c.onnx"))
+    assert piped.returncode == 0 and "converting: " not in piped.stderr and "validating" not in piped.stderr
