@@ -190,3 +190,16 @@ def test_external_weights_are_converted_as_they_are_written_exactly_and_counted(
     assert np.all(got_big[1, :3] == np.float32(largest))  # clipped, not inf
     rewrite = json.loads(report.read_text())["conversion"]["rewrite"]
     assert rewrite["flushed"] == {"W_tiny": 5} and rewrite["clipped"] == {"W_big": 3}
+
+
+def test_external_output_is_byte_identical_across_runs(source, tmp_path):
+    """The model and its data file, written twice (retyped weights converted as they are written)."""
+    written = []
+    for run_name in ("a", "b"):
+        folder = tmp_path / run_name
+        folder.mkdir()
+        proc = cli(str(source), "--level", "O2", "-o", str(folder / "m.onnx"), "--no-validate", "-q")
+        assert proc.returncode == 0, proc.stderr
+        written.append({p.name: p.read_bytes() for p in sorted(folder.iterdir())})
+    assert sorted(written[0]) == ["m.onnx", "m.onnx.data"]
+    assert written[0] == written[1]
