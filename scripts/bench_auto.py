@@ -57,9 +57,13 @@ def cases(only: set[str]):
     for name, build in HOSTILE.items():
         m = build()
         yield name, m, make_source(m, samples=2)
-    for entry in load_manifest(str(ROOT / "models" / "zoo" / "manifest.json")):
-        m = onnx.load(entry["path"])
-        yield entry["name"], m, manifest_source(entry, m)
+    pypi = ROOT / "models" / "cache" / "pypi" / "manifest.json"  # real models from PyPI wheels (make pypi-models)
+    for manifest in (ROOT / "models" / "zoo" / "manifest.json", pypi):
+        if not manifest.is_file():
+            continue
+        for entry in load_manifest(str(manifest)):
+            m = onnx.load(entry["path"])
+            yield entry["name"], m, manifest_source(entry, m)
 
 
 def low_fraction_of(model: onnx.ModelProto, reference: onnx.ModelProto, weights: dict[str, float]) -> float:

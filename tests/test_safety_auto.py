@@ -25,6 +25,8 @@ from models.zoo_inputs import load_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 ZOO = {e["name"]: e for e in load_manifest(str(ROOT / "models" / "zoo" / "manifest.json"))}
+PYPI = ROOT / "models" / "cache" / "pypi" / "manifest.json"  # (fetched by `make test`)
+REAL = {e["name"]: e for e in load_manifest(str(PYPI))} if PYPI.is_file() else {}
 CPU = ValidationConfig(provider="cpu")
 # Rules that may legitimately keep a culprit fp32.
 KEEPING_RULES = {"black-list", "safety-data-range", "safety-initializer-range"}
@@ -141,10 +143,12 @@ def test_auto_passes_on_hostile_models_keeping_only_what_overflows(name):
     assert CULPRITS[name] in {e.name for e in kept}
 
 
-@pytest.mark.parametrize("name", sorted(ZOO))
+@pytest.mark.parametrize("name", sorted({**ZOO, **REAL}))
 def test_auto_passes_on_zoo_models_with_most_compute_low(name):
-    reference = onnx.load(ZOO[name]["path"])
-    searched = _auto(name, reference, manifest_source(ZOO[name], reference))
+    """The reduced zoo and the real models from PyPI wheels."""
+    entry = {**ZOO, **REAL}[name]
+    reference = onnx.load(entry["path"])
+    searched = _auto(name, reference, manifest_source(entry, reference))
     assert searched.validation is not None and searched.validation.passed
     assert searched.low_compute >= 0.9
     assert searched.conversion.plan.level == "auto"
