@@ -425,8 +425,8 @@ _INSERT_AT_MOST = 256
 
 def _place(ctx: GraphContext, top: list[onnx.NodeProto], after: dict[int, list[onnx.NodeProto]]) -> None:
     """Put ``top`` first and ``after[i]`` right after node ``i``, keeping the order topological."""
-    container = ctx.graph.node
     if len(top) + sum(len(v) for v in after.values()) <= _INSERT_AT_MOST:
+        container = ctx.graph.node
         for i in sorted(after, reverse=True):  # from the end: the positions before stay valid
             for offset, node in enumerate(after[i], 1):
                 container.insert(i + offset, node)
@@ -437,8 +437,8 @@ def _place(ctx: GraphContext, top: list[onnx.NodeProto], after: dict[int, list[o
     for i, node in enumerate(ctx.nodes):
         ordered.append(node)
         ordered.extend(after.get(i, ()))
-    ctx.graph.ClearField("node")
-    container.extend(ordered)
+    ctx.graph.ClearField("node")  # (a container taken before this is detached from the graph)
+    ctx.graph.node.extend(ordered)
 
 
 def cast_node(source: str, target: str, to: int, name: str) -> onnx.NodeProto:

@@ -521,6 +521,36 @@ def test_converted_nodes_are_in_topological_order():
         seen.update(node.output)
 
 
+@pytest.mark.parametrize("blocks", [3, 200])
+def test_casts_are_placed_in_order_whether_inserted_or_relisted(blocks):
+    """A few new Casts are inserted where they go; many (here 2 x 200
+    around 200 black-listed Softmax nodes) make the node list anew. Either
+    way: every node of the input is there once, each Cast right after its
+    source's producer, and the graph is valid and runs."""
+    nodes, inits, x = [], [], "x"
+    for i in range(blocks):
+        inits.append(init(f"W{i}", w(4, 4)))
+        nodes += [
+            helper.make_node("MatMul", [x, f"W{i}"], [f"h{i}"], name=f"mm{i}"),
+            helper.make_node("Softmax", [f"h{i}"], [f"s{i}"], name=f"sm{i}", axis=-1),
+        ]
+        x = f"s{i}"
+    m = model(nodes, [value("x")], [value(x)], inits)
+    out, _ = convert(m, level="O2")
+    onnx.checker.check_model(out, full_check=True)
+    names = [n.name for n in out.graph.node]
+    assert [n for n in names if not n.endswith("_cast")] == [n.name for n in m.graph.node]
+    casts = nodes_of(out, "Cast")
+    assert len(casts) == 2 * blocks  # the graph input, into each Softmax, out of each but the last (the output)
+    produced_at = {o: k for k, n in enumerate(out.graph.node) for o in n.output}
+    for cast in casts:
+        source = cast.input[0]
+        at = names.index(cast.name)
+        assert (source == "x" and at < blocks) or produced_at[source] < at  # after its source (graph input Casts first)
+    feeds = x_feed()
+    assert close(run(m, feeds)[0], run(out, feeds)[0])
+
+
 # ---------------------------------------------------------------- subgraphs
 
 
