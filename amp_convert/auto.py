@@ -152,7 +152,12 @@ class AutoSearch:
         self.options = options
         known = calibration.outputs if calibration is not None and calibration.source_id == id(source) else None
         self.validator = Validator(
-            reference, source, replace(config, per_node=False), reference_outputs=known, base_dir=external_dir
+            reference,
+            source,
+            replace(config, per_node=False),
+            reference_outputs=known,
+            base_dir=external_dir,
+            calibration=calibration,
         )
         self.external_dir = external_dir
         self.calibration = calibration

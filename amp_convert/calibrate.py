@@ -18,7 +18,7 @@ from onnx import TensorProto
 
 from .emulate import low_dtype_of
 from .graph import build_context
-from .runner import choose_provider, runnable
+from .runner import Runnable, choose_provider, runnable
 from .schema import model_opsets
 from .typeinfo import infer_types
 
@@ -46,6 +46,10 @@ class Calibration:
     # same samples need not run the fp32 model again; None when too large.
     outputs: list[tuple[dict, dict]] | None = None
     source_id: int = 0  # id() of the sample source, to know whose outputs these are
+    # The session that ran, every float tensor exposed: validation reuses it
+    # for the reference (a session of a large graph takes seconds to start).
+    session: Runnable | None = field(default=None, repr=False)
+    exposed: frozenset[str] = frozenset()
 
     def abs_max(self, name: str) -> float | None:
         r = self.ranges.get(name)
@@ -73,9 +77,10 @@ def calibrate(
     ]
     names += [n for n in ctx.input_names if ctx.types.get(n) == TensorProto.FLOAT and n not in ctx.initializers]
     chosen, _ = choose_provider(provider)
-    exposed = ((n, ctx.types[n]) for n in names if n not in ctx.input_set)
+    exposed = [(n, ctx.types[n]) for n in names if n not in ctx.input_set]
     ref = runnable(model, low_dtype_of(ctx), chosen, emulate, exposed, base_dir, "reference")
-    result = Calibration(provider=chosen, outputs=[], source_id=id(samples))
+    outputs = frozenset(n for n, _ in exposed).union(v.name for v in model.graph.output)
+    result = Calibration(provider=chosen, outputs=[], source_id=id(samples), session=ref, exposed=outputs)
     ranges = result.ranges
     output_names = [v.name for v in model.graph.output]
     kept_bytes = 0

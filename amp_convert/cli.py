@@ -542,7 +542,11 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
                 external_dir=folder,
                 on_stage=on_stage,
             )
-        validation = _validate(reference, result.model, source, kw, result.plan, folder) if source is not None else None
+        validation = (
+            _validate(reference, result.model, source, kw, result.plan, folder, calibration) if source is not None else None
+        )
+        if calibration is not None:
+            calibration.session = None  # (its memory goes before the model is written)
     if kw["explain"] and not kw["json_out"]:
         click.echo(result.plan.format_table())
     if kw["plan_json"]:
@@ -721,7 +725,7 @@ def _input_source(reference, kw: dict):
     return make_source(reference, kw["inputs"], kw["input_shape"], kw["input_range"], kw["samples"], kw["seed"])
 
 
-def _validate(reference, candidate, source, kw: dict, plan, folder: Path | None = None):
+def _validate(reference, candidate, source, kw: dict, plan, folder: Path | None = None, calibration=None):
     from .emulate import detect_low_dtype
     from .validate import ValidationConfig, validate
 
@@ -729,9 +733,9 @@ def _validate(reference, candidate, source, kw: dict, plan, folder: Path | None 
     config = ValidationConfig(kw["provider"], kw["emulate"], kw["per_node"], kw["top"], tolerance, kw["pin_choices"])
     show = not kw["quiet"] and not kw["json_out"] and sys.stderr.isatty()
     if not show:
-        return validate(reference, candidate, source, config, plan, base_dir=folder)
+        return validate(reference, candidate, source, config, plan, base_dir=folder, calibration=calibration)
     with click.progressbar(length=source.count() or 1, label="validating", file=sys.stderr) as bar:
-        return validate(reference, candidate, source, config, plan, progress=bar.update, base_dir=folder)
+        return validate(reference, candidate, source, config, plan, progress=bar.update, base_dir=folder, calibration=calibration)
 
 
 def _tolerance(kw: dict, reference_low: str):

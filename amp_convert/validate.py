@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 import onnx
 from onnx import TensorProto
 
+from .calibrate import Calibration
 from .emulate import EMULATE_MODES, decide_emulation, low_dtype_of, low_io
 from .errors import AmpError
 from .graph import build_context, tensor_names
@@ -215,6 +216,7 @@ class Validator:
         cache_bytes: int = 64 << 20,
         reference_outputs: list[tuple[dict, dict]] | None = None,
         base_dir: str | os.PathLike | None = None,
+        calibration: Calibration | None = None,
     ):
         if config.emulate not in EMULATE_MODES:
             raise AmpError(f"unknown emulation mode {config.emulate!r}: use auto, always or never")
@@ -235,6 +237,9 @@ class Validator:
             config.emulate, self.provider, self.ref_low, low_io(reference), role="reference"
         )
         self._reference_twin: onnx.ModelProto | None = None
+        # The calibration run's session of this reference (every float tensor exposed), if it ran as we would.
+        shared = calibration is not None and calibration.session is not None and calibration.provider == self.provider
+        self._shared = calibration if shared and calibration.session.emulated == self.reference_emulated else None
         # Choices the candidate reads from the reference (pin.py), and the values they are made from.
         self.selections = find_selections(self.ref_ctx) if config.pin_choices else []
         self._extras = [(s.name, TensorProto.INT64) for s in self.selections]
@@ -374,6 +379,9 @@ class Validator:
         self._outputs_cache = kept
 
     def _reference_session(self, tensors) -> Runnable:
+        tensors = list(tensors)
+        if self._shared is not None and self._shared.exposed.issuperset(n for n, _ in tensors):
+            return self._shared.session  # (it outputs more than asked: the extra values are not read)
         # Decided once (its twin kept): a real run that cannot load falls back to the emulation under auto.
         mode = "always" if self.reference_emulated else self.config.emulate
         ref = runnable(
@@ -394,9 +402,16 @@ def validate(
     plan: Plan | None = None,
     progress: Callable[[int], None] | None = None,
     base_dir: str | os.PathLike | None = None,
+    calibration: Calibration | None = None,
 ) -> ValidationResult:
-    """Compare ``candidate`` with ``reference`` on every sample of ``source``."""
-    return Validator(reference, source, config, cache_bytes=0, base_dir=base_dir).check(candidate, plan, progress=progress)
+    """Compare ``candidate`` with ``reference`` on every sample of ``source``
+    (``calibration``: a calibration run of ``reference``, whose session and,
+    on the same samples, outputs are reused)."""
+    known = calibration.outputs if calibration is not None and calibration.source_id == id(source) else None
+    validator = Validator(
+        reference, source, config, cache_bytes=0, reference_outputs=known, base_dir=base_dir, calibration=calibration
+    )
+    return validator.check(candidate, plan, progress=progress)
 
 
 def _makes(ctx, selection: Selection) -> bool:

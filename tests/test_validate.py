@@ -632,3 +632,27 @@ def test_generated_inputs_follow_ranges_and_seed():
     for a, b in zip(first, again, strict=True):
         assert all(np.array_equal(a[k], b[k]) for k in a)
     assert not np.array_equal(first[0]["input_ids"], other[0]["input_ids"])
+
+
+@pytest.mark.parametrize("name", ["vit", "detector"])
+def test_validation_reuses_the_calibration_session_and_gets_the_same_result(name):
+    """The CLI calibrates on the validation samples first; validation then
+    reads the reference from that run's session (every float tensor
+    exposed) instead of starting another, and from its outputs. The
+    detector's pinned choices (int64, not exposed by calibration) need a
+    session of their own. Either way the result is the same."""
+    from amp_convert.calibrate import calibrate
+    from amp_convert.validate import Validator
+
+    reference = onnx.load(ZOO[name]["path"])
+    source = manifest_source(ZOO[name], reference)
+    low = convert(reference, level="O2").model
+    config = ValidationConfig(provider="cpu", per_node=True)
+    calibration = calibrate(reference, source, "cpu")
+    shared = validate(reference, low, source, config, calibration=calibration).as_dict()
+    fresh = validate(reference, low, source, config).as_dict()
+    assert {**shared, "seconds": 0} == {**fresh, "seconds": 0}
+    validator = Validator(reference, source, config, calibration=calibration)
+    float_tensor = (sorted(calibration.exposed)[0], onnx.TensorProto.FLOAT)
+    needed = [float_tensor, *validator._extras]  # (the detector's: its pinned choices, int64)
+    assert (validator._reference_session(needed) is calibration.session) == (name == "vit")
