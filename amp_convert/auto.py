@@ -177,7 +177,11 @@ class AutoSearch:
         opts = replace(self.options, level=level, safety=True, keep_fp32_nodes=keep, force_low_nodes=force).validated()
         # Trials use the basic checker; the chosen model gets the full one at the end.
         result = convert(
-            self.reference, opts, check="basic" if self.check == "full" else self.check, calibration=self.calibration
+            self.reference,
+            opts,
+            check="basic" if self.check == "full" else self.check,
+            calibration=self.calibration,
+            external_dir=self.external_dir,
         )
         validation = self.validator.check(result.model, result.plan)
         if not validation.passed:  # the search needs to know where the error enters
@@ -302,7 +306,10 @@ def auto_convert(
         fallback.plan.notes.append(f"auto: no assignment met the tolerance in {len(search.trials)} trials; the model stays fp32")
         return AutoResult(fallback, None, search.trials, start, time.perf_counter() - began, chosen=0)
     _, result, validation, number = search.best
-    check_converted(result.model, check)
+    if external_dir is not None:  # (its tensors still live in the input's data files: the written file is checked)
+        result.check_deferred = check != "none"
+    else:
+        check_converted(result.model, check)
     result.plan.level = "auto"
     result.plan.notes.append(f"auto: trial {number} of {len(search.trials)} chosen (start {start})")
     return AutoResult(result, validation, search.trials, start, time.perf_counter() - began, chosen=number)

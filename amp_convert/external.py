@@ -175,6 +175,11 @@ def write_with_external_data(
     moved = 0
     with open(data_path, "wb") as out:
         for tensor in all_tensors(model.graph):
+            if is_external(tensor) and _count(tensor) == 0:  # (a zero-length segment at the end of a file does not load)
+                del tensor.external_data[:]
+                tensor.data_location = onnx.TensorProto.DEFAULT
+                tensor.raw_data = b""
+                continue
             if is_external(tensor):
                 if source_dir is None:
                     raise ValueError(f"tensor {tensor.name!r} refers to external data but no source folder is known")
@@ -220,7 +225,7 @@ def _written_length(tensor: onnx.TensorProto, info: dict[str, str]) -> int:
     """Bytes the tensor takes once written: converted ones in their new type."""
     if STORED_TYPE in info:
         return _count(tensor) * _np_dtype(tensor.data_type).itemsize
-    return int(info.get("length", 0) or 0)
+    return _data_length(tensor, info)
 
 
 def _data_length(tensor: onnx.TensorProto, info: dict[str, str]) -> int:

@@ -74,9 +74,10 @@ def _selects(body: GraphContext) -> bool:
 
 
 def _picks_float_data(ctx: GraphContext, selection: Selection) -> bool:
-    """Whether float data depends on the choice: a float tensor downstream of
-    it in the main graph (or computed by a node whose body reads it), or, for
-    a TopK, its values."""
+    """Whether the choice picks float data: a float tensor downstream of it
+    in the main graph (or computed by a node whose body reads it), or, for a
+    TopK, its values. A Cast of the choice to float is its value, not data
+    it picks (an ArgMax label cast to float is compared, not pinned)."""
     if selection.op_type == "TopK":
         values = ctx.outs[ctx.producer[selection.name]][0]
         if values and (values in ctx.consumers or values in ctx.output_names):
@@ -90,6 +91,8 @@ def _picks_float_data(ctx: GraphContext, selection: Selection) -> bool:
                 if not out or out in seen:
                     continue
                 if ctx.types.get(out) in _FLOATS:
+                    if ctx.ops[j] == "Cast":
+                        continue
                     return True
                 seen.add(out)
                 todo.append(out)

@@ -230,7 +230,7 @@ class Planner:
     def run(self, ctx: GraphContext) -> Plan:
         if self.constants_rule:
             for c in ctx.walk():
-                self.ranges.prime(c.initializers)
+                self.ranges.prime(c.path, c.initializers)
         self._plan_graph(ctx)
         return self.plan
 

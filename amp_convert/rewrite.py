@@ -224,7 +224,8 @@ class Rewriter:
                 if _batchable(tensor):
                     batch.append(tensor)
                 else:
-                    known = self.ranges.stats(name, tensor) if self.ranges is not None and is_external(tensor) else None
+                    external = self.ranges is not None and is_external(tensor)
+                    known = self.ranges.stats(ctx.path, name, tensor) if external else None
                     lower_tensor(tensor, self.low, self.stats, base_dir=self.base_dir, values=known)
                 versions[name] = {low: name}
                 changed[name] = low

@@ -94,16 +94,19 @@ class ConstantRanges:
     """
 
     def __init__(self, clip: bool = False, base_dir: Path | None = None) -> None:
-        self._stats: dict[str, ValueStats] = {}
+        # (graph path, name) -> statistics: sibling subgraphs may each hold a constant of the same name
+        self._stats: dict[tuple[str, str], ValueStats] = {}
         self.clip = clip
         self.base_dir = base_dir
 
-    def stats(self, name: str, tensor: onnx.TensorProto) -> ValueStats:
-        if name not in self._stats:
-            self._stats[name] = value_stats(constant_array(tensor, self.base_dir))
-        return self._stats[name]
+    def stats(self, scope: str, name: str, tensor: onnx.TensorProto) -> ValueStats:
+        """Statistics of constant ``name`` defined in the graph at path ``scope``."""
+        key = (scope, name)
+        if key not in self._stats:
+            self._stats[key] = value_stats(constant_array(tensor, self.base_dir))
+        return self._stats[key]
 
-    def prime(self, initializers: dict[str, onnx.TensorProto], small: int = 4096) -> None:
+    def prime(self, scope: str, initializers: dict[str, onnx.TensorProto], small: int = 4096) -> None:
         """Statistics of all small raw float32 initializers in a few vectorised
         passes (graphs with tens of thousands of small weights would otherwise
         pay numpy's per-call overhead for each). Tensors with non-finite
@@ -111,7 +114,8 @@ class ConstantRanges:
         names, arrays = [], []
         known, limit = self._stats, small * 4
         for name, t in initializers.items():
-            if t.data_type == onnx.TensorProto.FLOAT and t.data_location != onnx.TensorProto.EXTERNAL and name not in known:
+            inline_float = t.data_type == onnx.TensorProto.FLOAT and t.data_location != onnx.TensorProto.EXTERNAL
+            if inline_float and (scope, name) not in known:
                 data = t.raw_data
                 if 0 < len(data) <= limit:
                     names.append(name)
@@ -132,14 +136,15 @@ class ConstantRanges:
         rows = zip(names, sizes.tolist(), highs.tolist(), finite.tolist(), *(c.tolist() for c in counts), strict=True)
         for name, size, high, ok, n_nonzero, under_fp16, under_bf16 in rows:
             if ok:
-                self._stats[name] = ValueStats(size, high, n_nonzero, under_fp16, under_bf16, 0)
+                self._stats[scope, name] = ValueStats(size, high, n_nonzero, under_fp16, under_bf16, 0)
 
-    def constant_behind(self, ctx: GraphContext, name: str) -> tuple[str, onnx.TensorProto] | None:
-        """The constant whose values reach tensor ``name`` unchanged, if any."""
+    def constant_behind(self, ctx: GraphContext, name: str) -> tuple[str, str, onnx.TensorProto] | None:
+        """The constant whose values reach tensor ``name`` unchanged, if any:
+        (path of the graph defining it, its name, its tensor)."""
         for _ in range(_MAX_DEPTH):
             tensor = ctx.initializers.get(name)
             if tensor is not None:
-                return name, tensor
+                return ctx.path, name, tensor
             producer = ctx.producer.get(name)
             if producer is None:
                 if ctx.parent is None or name in ctx.input_set:
@@ -151,7 +156,8 @@ class ConstantRanges:
                 continue
             op = ctx.ops[producer]
             if op in ("Constant", "ConstantOfShape"):
-                return _attribute_constant(ctx.nodes[producer], name)
+                found = _attribute_constant(ctx.nodes[producer], name)
+                return None if found is None else (ctx.path, *found)
             if op not in PASS_THROUGH_OPS:
                 return None
             first = ctx.ins[producer][0] if ctx.ins[producer] else ""
@@ -170,8 +176,8 @@ class ConstantRanges:
             found = self.constant_behind(ctx, name)
             if found is None:
                 continue
-            name, tensor = found
-            s = self.stats(name, tensor)
+            scope, name, tensor = found
+            s = self.stats(scope, name, tensor)
             if s.abs_max > low.max and not self.clip:
                 return f"safety: constant {name!r} holds values up to {s.abs_max:.4g}, beyond {low.name}'s max {low.max:.6g}"
             lost = s.underflow(low)

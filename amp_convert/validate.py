@@ -239,7 +239,8 @@ class Validator:
         self._reference_twin: onnx.ModelProto | None = None
         # The calibration run's session of this reference (every float tensor exposed), if it ran as we would.
         shared = calibration is not None and calibration.session is not None and calibration.provider == self.provider
-        self._shared = calibration if shared and calibration.session.emulated == self.reference_emulated else None
+        shared = shared and calibration.session.emulated == self.reference_emulated
+        self._shared: tuple[Runnable, frozenset[str]] | None = (calibration.session, calibration.exposed) if shared else None
         # Choices the candidate reads from the reference (pin.py), and the values they are made from.
         self.selections = find_selections(self.ref_ctx) if config.pin_choices else []
         self._extras = [(s.name, TensorProto.INT64) for s in self.selections]
@@ -367,8 +368,10 @@ class Validator:
             self._plain_session = self._reference_session(self._extras)
         kept: list[tuple[dict, dict]] | None = []
         size = 0
+        wanted = [*self.output_names, *(n for n, _ in self._extras)]
         for feeds in self.source:
             values = self._plain_session.run(feeds)
+            values = {n: values[n] for n in wanted}  # (a shared calibration session outputs every tensor)
             if kept is not None:
                 size += sum(v.nbytes for v in values.values()) + sum(v.nbytes for v in feeds.values())
                 if size <= self.cache_bytes:
@@ -380,8 +383,8 @@ class Validator:
 
     def _reference_session(self, tensors) -> Runnable:
         tensors = list(tensors)
-        if self._shared is not None and self._shared.exposed.issuperset(n for n, _ in tensors):
-            return self._shared.session  # (it outputs more than asked: the extra values are not read)
+        if self._shared is not None and self._shared[1].issuperset(n for n, _ in tensors):
+            return self._shared[0]  # (it outputs more than asked: the extra values are not read)
         # Decided once (its twin kept): a real run that cannot load falls back to the emulation under auto.
         mode = "always" if self.reference_emulated else self.config.emulate
         ref = runnable(

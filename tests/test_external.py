@@ -203,3 +203,93 @@ def test_external_output_is_byte_identical_across_runs(source, tmp_path):
         written.append({p.name: p.read_bytes() for p in sorted(folder.iterdir())})
     assert sorted(written[0]) == ["m.onnx", "m.onnx.data"]
     assert written[0] == written[1]
+
+
+def _external(name: str, array: np.ndarray, data: Path, offset: int) -> onnx.TensorProto:
+    """A TensorProto whose values live at ``offset`` of the file ``data``."""
+    tensor = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=array.shape)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, text in (("location", data.name), ("offset", str(offset)), ("length", str(array.nbytes))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, text
+    return tensor
+
+
+def test_same_named_weights_of_sibling_branches_are_judged_each_on_its_own(tmp_path):
+    """Both If branches hold an external weight named "w": 0.5 in one, 1e6
+    (beyond fp16) in the other. At O3 each is converted on its own values:
+    the large one clipped and counted, not written as inf."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    data = folder / "m.onnx.data"
+    small, large = np.full((1, 8), 0.5, np.float32), np.full((1, 8), 1e6, np.float32)
+    data.write_bytes(small.tobytes() + large.tobytes())
+
+    def branch(label: str, offset: int) -> onnx.GraphProto:
+        mul = helper.make_node("Mul", ["x", "w"], [f"y_{label}"], name=f"mul_{label}")
+        return helper.make_graph([mul], label, [], [value(f"y_{label}", shape=(1, 8))], [_external("w", small, data, offset)])
+
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["total"], name="sum", keepdims=0),
+        helper.make_node("Greater", ["total", "zero"], ["positive"], name="gt"),
+        helper.make_node(
+            "If", ["positive"], ["y"], name="if", then_branch=branch("then", small.nbytes), else_branch=branch("else", 0)
+        ),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [value("x", shape=(1, 8))], [value("y", shape=(1, 8))], [init("zero", np.array(0, np.float32))]
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(folder / "m.onnx"))
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    proc = cli(str(folder / "m.onnx"), "--level", "O3", "-o", str(out), "--no-validate", "--report", str(report), "-q")
+    assert proc.returncode == 0, proc.stderr
+    written = onnx.load(str(out))
+    if_node = next(n for n in written.graph.node if n.op_type == "If")
+    branches = {a.name: numpy_helper.to_array(a.g.initializer[0]) for a in if_node.attribute}
+    assert np.all(branches["else_branch"] == np.float16(0.5))
+    assert np.all(branches["then_branch"] == np.finfo(np.float16).max)  # clipped, not inf
+    assert json.loads(report.read_text())["conversion"]["rewrite"]["clipped"] == {"w": 8}
+
+
+def test_an_empty_external_weight_is_written_inline_and_the_output_loads(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    weight = (RNG.standard_normal((8, 8)) * 0.2).astype(np.float32)
+    (folder / "m.onnx.data").write_bytes(weight.tobytes())
+    empty = _external("E", np.zeros((0, 8), np.float32), folder / "m.onnx.data", weight.nbytes)
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("Concat", ["E", "h"], ["y"], name="cat", axis=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [value("x", shape=(4, 8))],
+        [value("y", shape=(4, 8))],
+        [_external("W", weight, folder / "m.onnx.data", 0), empty],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(folder / "m.onnx"))
+    out = tmp_path / "out" / "m.onnx"
+    out.parent.mkdir()
+    proc = cli(str(folder / "m.onnx"), "--level", "O3", "-o", str(out), "--external-data", "always", "--no-validate", "-q")
+    assert proc.returncode == 0, proc.stderr
+    tensors = {t.name: t for t in onnx.load(str(out), load_external_data=False).graph.initializer}
+    assert is_external(tensors["W"]) and not is_external(tensors["E"])
+    x = RNG.standard_normal((4, 8)).astype(np.float32)
+    assert run_path(out, x).shape == (4, 8)  # loads and runs in onnxruntime
+
+
+def test_auto_on_a_model_with_external_data(source, tmp_path):
+    out = tmp_path / "auto" / "model.onnx"
+    out.parent.mkdir()
+    proc = cli(str(source), "--level", "auto", "-o", str(out), "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert out.with_name("model.onnx.data").is_file()
+    onnx.checker.check_model(str(out), full_check=True)
+    x = RNG.standard_normal((4, 64)).astype(np.float32)
+    ref, got = run_path(source, x), run_path(out, x)
+    assert np.max(np.abs(ref - got)) <= 1e-2 * np.max(np.abs(ref)) + 1e-3

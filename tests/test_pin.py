@@ -167,23 +167,25 @@ def test_a_candidate_that_cannot_take_the_pinned_choice_is_compared_as_it_is():
     assert result.as_dict()["pinned"]["note"] == result.pin_note
 
 
-def test_a_choice_that_only_becomes_labels_is_compared_not_pinned(tmp_path):
-    """ArgMax -> Cast(int32) -> output: nothing float depends on the choice,
-    so pinning would only hide label flips; the labels are compared as they are."""
+@pytest.mark.parametrize("label_type", [onnx.TensorProto.INT32, onnx.TensorProto.FLOAT])
+def test_a_choice_that_only_becomes_labels_is_compared_not_pinned(label_type):
+    """ArgMax -> Cast -> output: the choice picks no float data (a Cast to
+    float is its value), so pinning would only hide label flips; the labels
+    are compared as they are."""
     rng = np.random.default_rng(2)
     nodes = [
         helper.make_node("MatMul", ["x", "W"], ["logits"], name="score"),
         helper.make_node("ArgMax", ["logits"], ["best"], name="argmax", axis=1, keepdims=0),
-        helper.make_node("Cast", ["best"], ["label"], name="to_int32", to=onnx.TensorProto.INT32),
+        helper.make_node("Cast", ["best"], ["label"], name="to_label", to=label_type),
     ]
     m = model(
         nodes,
         [value("x", shape=(4, 16))],
-        [value("label", onnx.TensorProto.INT32, shape=(4,))],
+        [value("label", label_type, shape=(4,))],
         [init("W", rng.standard_normal((16, 10)).astype(np.float32))],
     )
     ctx = build_context(m.graph)
     infer_types(ctx, model_opsets(m))
     assert find_selections(ctx) == []
     result = validate(m, m, make_source(m, samples=1), ValidationConfig(provider="cpu"))
-    assert result.pinned == [] and result.outputs[0].kind == "exact"
+    assert result.pinned == [] and result.outputs[0].kind == ("exact" if label_type == onnx.TensorProto.INT32 else "float")

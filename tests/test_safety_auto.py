@@ -103,10 +103,10 @@ def test_batched_constant_statistics_match_the_per_tensor_ones():
     }
     tensors = {name: init(name, a) for name, a in arrays.items()}
     ranges = ConstantRanges()
-    ranges.prime(tensors)
+    ranges.prime("", tensors)
     for name, tensor in tensors.items():
-        assert ranges.stats(name, tensor) == value_stats(arrays[name]), name
-    assert ranges.stats("tiny", tensors["tiny"]).underflow_fp16 == 3
+        assert ranges.stats("", name, tensor) == value_stats(arrays[name]), name
+    assert ranges.stats("", "tiny", tensors["tiny"]).underflow_fp16 == 3
 
 
 def test_clip_initializers_lowers_and_counts_instead_of_keeping_fp32():

@@ -656,3 +656,24 @@ def test_validation_reuses_the_calibration_session_and_gets_the_same_result(name
     float_tensor = (sorted(calibration.exposed)[0], onnx.TensorProto.FLOAT)
     needed = [float_tensor, *validator._extras]  # (the detector's: its pinned choices, int64)
     assert (validator._reference_session(needed) is calibration.session) == (name == "vit")
+
+
+def test_a_shared_calibration_session_caches_outputs_only_and_outlives_its_release():
+    """Calibrated on other samples (--calibration), validation runs the
+    reference itself through the calibration's session, which outputs every
+    tensor: only the graph outputs are kept between candidates. The session
+    is held by the validator: the caller dropping it (as the CLI does after
+    validating) does not break a later check."""
+    from amp_convert.calibrate import calibrate
+    from amp_convert.validate import Validator
+
+    reference = onnx.load(ZOO["vit"]["path"])
+    calibration = calibrate(reference, manifest_source(ZOO["vit"], reference, samples=1), "cpu")
+    source = manifest_source(ZOO["vit"], reference)
+    low = convert(reference, level="O2").model
+    validator = Validator(reference, source, ValidationConfig(provider="cpu", per_node=False), calibration=calibration)
+    first = validator.check(low)
+    assert [sorted(values) for _, values in validator._outputs_cache] == [["logits"], ["logits"]]
+    calibration.session = None
+    again = validator.check(low, per_node=True)
+    assert again.passed == first.passed and again.nodes
