@@ -150,7 +150,7 @@ class AutoSearch:
     ):
         self.reference = reference
         self.options = options
-        known = calibration.outputs if calibration is not None and calibration.source_id == id(source) else None
+        known = calibration.outputs if calibration is not None and calibration.source is source else None
         self.validator = Validator(
             reference,
             source,

@@ -45,7 +45,7 @@ class Calibration:
     # (feeds, graph outputs) per sample, kept when small so validation of the
     # same samples need not run the fp32 model again; None when too large.
     outputs: list[tuple[dict, dict]] | None = None
-    source_id: int = 0  # id() of the sample source, to know whose outputs these are
+    source: object = field(default=None, repr=False)  # the samples these outputs are of (compared by identity)
     # The session that ran, every float tensor exposed: validation reuses it
     # for the reference (a session of a large graph takes seconds to start).
     session: Runnable | None = field(default=None, repr=False)
@@ -80,7 +80,7 @@ def calibrate(
     exposed = [(n, ctx.types[n]) for n in names if n not in ctx.input_set]
     ref = runnable(model, low_dtype_of(ctx), chosen, emulate, exposed, base_dir, "reference")
     outputs = frozenset(n for n, _ in exposed).union(v.name for v in model.graph.output)
-    result = Calibration(provider=chosen, outputs=[], source_id=id(samples), session=ref, exposed=outputs)
+    result = Calibration(provider=chosen, outputs=[], source=samples, session=ref, exposed=outputs)
     ranges = result.ranges
     output_names = [v.name for v in model.graph.output]
     kept_bytes = 0

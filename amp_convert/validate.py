@@ -307,7 +307,8 @@ class Validator:
         per_node = bool(tensors) or (config.per_node is not False and not per_node_note)
         # Through the emulation twin when the provider calls for it, or (auto) when the real
         # low-precision run cannot load (e.g. a bf16 kernel missing on CUDA).
-        judged = list(dict.fromkeys(n for s in pins for n in s.inputs if n in cand_ctx.producer))
+        judged = [n for s in pins for n in s.inputs if n in cand_ctx.producer and cand_ctx.types.get(n) in _EXPOSABLE]
+        judged = list(dict.fromkeys(judged))
         exposed = [(n, cand_ctx.types[n]) for n in dict.fromkeys([*tensors, *judged])]
         run_model, own = pin(candidate, pins, tensor_names(cand_ctx)) if pins else (candidate, {})
         cand = runnable(run_model, cand_low, self.provider, config.emulate, exposed, self.base_dir, "candidate")
@@ -410,7 +411,7 @@ def validate(
     """Compare ``candidate`` with ``reference`` on every sample of ``source``
     (``calibration``: a calibration run of ``reference``, whose session and,
     on the same samples, outputs are reused)."""
-    known = calibration.outputs if calibration is not None and calibration.source_id == id(source) else None
+    known = calibration.outputs if calibration is not None and calibration.source is source else None
     validator = Validator(
         reference, source, config, cache_bytes=0, reference_outputs=known, base_dir=base_dir, calibration=calibration
     )
