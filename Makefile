@@ -61,6 +61,7 @@ bench-casts: setup pypi-models
 	$(BIN)/python scripts/bench_casts.py
 
 # Synthetic 2k-100k-node graphs, the 3 GB external-data model and the zoo (models built and cached on first run).
+# The peers given amp-convert's O2 black list are quadratic: expect several 300 s timeouts (about an hour in all).
 bench-convert: setup pypi-models
 	$(BIN)/python scripts/bench_convert.py --kinds transformer,conv --big --zoo --timeout 300 --repeat 3
 
