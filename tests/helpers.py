@@ -9,6 +9,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from amp_convert.cleanup import EXACT_WIDENINGS
+
 F32, F16, BF16, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.INT64
 
 ort.set_default_logger_severity(3)
@@ -81,3 +83,47 @@ def manifest_source(entry: dict, reference: onnx.ModelProto, samples: int = 2):
         else:
             ranges.append(f"{s['name']}={s['low']}:{s['high']}")
     return make_source(reference, shapes=shapes, ranges=ranges, samples=samples)
+
+
+def redundant_casts(model: onnx.ModelProto, original: onnx.ModelProto) -> list[str]:
+    """Casts that change nothing, and exact round trips (fp16 -> fp32 -> fp16)
+    that were not in the original model: a Cast pair between two nodes of the
+    same precision."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    original_casts = {n.name for n in iter_nodes(original.graph) if n.op_type == "Cast" and n.name}
+    problems = []
+
+    def visit(graph: onnx.GraphProto, outer_types: dict[str, int], outer_producers: dict[str, onnx.NodeProto]) -> None:
+        types = dict(outer_types)
+        for v in (*graph.input, *graph.output, *graph.value_info):
+            if v.type.HasField("tensor_type"):
+                types[v.name] = v.type.tensor_type.elem_type
+        types.update({t.name: t.data_type for t in graph.initializer})
+        producers = dict(outer_producers)
+        for node in graph.node:
+            if node.op_type == "Cast":
+                to = next(a.i for a in node.attribute if a.name == "to")
+                types[node.output[0]] = to
+                if types.get(node.input[0]) == to and node.name not in original_casts:
+                    problems.append(f"identity Cast {node.name}")
+                first = producers.get(node.input[0])
+                if first is not None and first.op_type == "Cast" and types.get(first.input[0]) == to:
+                    first_to = next(a.i for a in first.attribute if a.name == "to")
+                    if (to, first_to) in EXACT_WIDENINGS and not {node.name, first.name} <= original_casts:
+                        problems.append(f"round trip {first.name} -> {node.name}")
+            for o in node.output:
+                producers[o] = node
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    visit(a.g, types, producers)
+
+    visit(inferred.graph, {}, {})
+    return problems
+
+
+def iter_nodes(graph: onnx.GraphProto):
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from iter_nodes(a.g)

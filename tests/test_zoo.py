@@ -18,10 +18,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from helpers import manifest_source, run
+from helpers import iter_nodes, manifest_source, redundant_casts, run
 
 from amp_convert import convert
-from amp_convert.cleanup import EXACT_WIDENINGS
 from amp_convert.save import save_model
 from amp_convert.validate import ValidationConfig, validate
 from models.zoo_inputs import load_manifest, make_inputs, manifest_paths
@@ -137,47 +136,3 @@ def assert_close(name: str, ref: np.ndarray, out: np.ndarray) -> None:
     if np.linalg.norm(a) > 1e-3:
         cosine = a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30)
         assert cosine >= 0.999
-
-
-def redundant_casts(model: onnx.ModelProto, original: onnx.ModelProto) -> list[str]:
-    """Casts that change nothing, and exact round trips (fp16 -> fp32 -> fp16)
-    that were not in the original model: a Cast pair between two nodes of the
-    same precision."""
-    inferred = onnx.shape_inference.infer_shapes(model)
-    original_casts = {n.name for n in iter_nodes(original.graph) if n.op_type == "Cast" and n.name}
-    problems = []
-
-    def visit(graph: onnx.GraphProto, outer_types: dict[str, int], outer_producers: dict[str, onnx.NodeProto]) -> None:
-        types = dict(outer_types)
-        for v in (*graph.input, *graph.output, *graph.value_info):
-            if v.type.HasField("tensor_type"):
-                types[v.name] = v.type.tensor_type.elem_type
-        types.update({t.name: t.data_type for t in graph.initializer})
-        producers = dict(outer_producers)
-        for node in graph.node:
-            if node.op_type == "Cast":
-                to = next(a.i for a in node.attribute if a.name == "to")
-                types[node.output[0]] = to
-                if types.get(node.input[0]) == to and node.name not in original_casts:
-                    problems.append(f"identity Cast {node.name}")
-                first = producers.get(node.input[0])
-                if first is not None and first.op_type == "Cast" and types.get(first.input[0]) == to:
-                    first_to = next(a.i for a in first.attribute if a.name == "to")
-                    if (to, first_to) in EXACT_WIDENINGS and not {node.name, first.name} <= original_casts:
-                        problems.append(f"round trip {first.name} -> {node.name}")
-            for o in node.output:
-                producers[o] = node
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    visit(a.g, types, producers)
-
-    visit(inferred.graph, {}, {})
-    return problems
-
-
-def iter_nodes(graph: onnx.GraphProto):
-    for node in graph.node:
-        yield node
-        for a in node.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                yield from iter_nodes(a.g)
