@@ -150,14 +150,8 @@ class AutoSearch:
     ):
         self.reference = reference
         self.options = options
-        known = calibration.outputs if calibration is not None and calibration.source is source else None
         self.validator = Validator(
-            reference,
-            source,
-            replace(config, per_node=False),
-            reference_outputs=known,
-            base_dir=external_dir,
-            calibration=calibration,
+            reference, source, replace(config, per_node=False), base_dir=external_dir, calibration=calibration
         )
         self.external_dir = external_dir
         self.calibration = calibration
@@ -306,10 +300,10 @@ def auto_convert(
         fallback.plan.notes.append(f"auto: no assignment met the tolerance in {len(search.trials)} trials; the model stays fp32")
         return AutoResult(fallback, None, search.trials, start, time.perf_counter() - began, chosen=0)
     _, result, validation, number = search.best
-    if external_dir is not None:  # (its tensors still live in the input's data files: the written file is checked)
-        result.check_deferred = check != "none"
-    else:
-        check_converted(result.model, check)
+    # Trials ran the basic check; the chosen one gets the full one, where the
+    # pipeline checked it: in memory, or (external data, over 2 GB) as the written file.
+    if not result.check_deferred:
+        result.check_deferred = not check_converted(result.model, check)
     result.plan.level = "auto"
     result.plan.notes.append(f"auto: trial {number} of {len(search.trials)} chosen (start {start})")
     return AutoResult(result, validation, search.trials, start, time.perf_counter() - began, chosen=number)

@@ -79,8 +79,8 @@ def calibrate(
     chosen, _ = choose_provider(provider)
     exposed = [(n, ctx.types[n]) for n in names if n not in ctx.input_set]
     ref = runnable(model, low_dtype_of(ctx), chosen, emulate, exposed, base_dir, "reference")
-    outputs = frozenset(n for n, _ in exposed).union(v.name for v in model.graph.output)
-    result = Calibration(provider=chosen, outputs=[], source=samples, session=ref, exposed=outputs)
+    returned = frozenset(n for n, _ in exposed).union(v.name for v in model.graph.output)
+    result = Calibration(provider=chosen, outputs=[], source=samples, session=ref, exposed=returned)
     ranges = result.ranges
     output_names = [v.name for v in model.graph.output]
     kept_bytes = 0

@@ -55,7 +55,8 @@ def _np_dtype(elem_type: int) -> np.dtype:
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
 
 
-def _count(tensor: onnx.TensorProto) -> int:
+def element_count(tensor: onnx.TensorProto) -> int:
+    """Number of values a tensor's shape holds."""
     count = 1
     for d in tensor.dims:
         count *= d
@@ -67,7 +68,7 @@ def read_array(tensor: onnx.TensorProto, base_dir: str | os.PathLike) -> np.ndar
     only), converted to the tensor's type if it was retyped."""
     info = external_info(tensor)
     stored = _np_dtype(int(info[STORED_TYPE])) if STORED_TYPE in info else _np_dtype(tensor.data_type)
-    count = _count(tensor)
+    count = element_count(tensor)
     if count == 0:
         array = np.empty(0, stored)
     else:
@@ -175,7 +176,7 @@ def write_with_external_data(
     moved = 0
     with open(data_path, "wb") as out:
         for tensor in all_tensors(model.graph):
-            if is_external(tensor) and _count(tensor) == 0:  # (a zero-length segment at the end of a file does not load)
+            if is_external(tensor) and element_count(tensor) == 0:  # (a zero-length segment at the end of a file does not load)
                 del tensor.external_data[:]
                 tensor.data_location = onnx.TensorProto.DEFAULT
                 tensor.raw_data = b""
@@ -188,7 +189,7 @@ def write_with_external_data(
                 offset = _pad(out)
                 if STORED_TYPE in info:
                     stored = _np_dtype(int(info[STORED_TYPE]))
-                    length = _convert_segment(source, start, _count(tensor), stored, _np_dtype(tensor.data_type), out)
+                    length = _convert_segment(source, start, element_count(tensor), stored, _np_dtype(tensor.data_type), out)
                 else:
                     length = _copy_segment(source, start, _data_length(tensor, info), out)
             elif id(tensor) in initializers and _large(tensor):
@@ -217,14 +218,14 @@ def _large(tensor: onnx.TensorProto) -> bool:
     """Whether an inline tensor reaches INLINE_BELOW bytes (ByteSize would
     serialize it, raw_data would copy it: both cost on big weights)."""
     if tensor.HasField("raw_data"):
-        return _count(tensor) * _np_dtype(tensor.data_type).itemsize >= INLINE_BELOW
+        return element_count(tensor) * _np_dtype(tensor.data_type).itemsize >= INLINE_BELOW
     return tensor.ByteSize() >= INLINE_BELOW
 
 
 def _written_length(tensor: onnx.TensorProto, info: dict[str, str]) -> int:
     """Bytes the tensor takes once written: converted ones in their new type."""
     if STORED_TYPE in info:
-        return _count(tensor) * _np_dtype(tensor.data_type).itemsize
+        return element_count(tensor) * _np_dtype(tensor.data_type).itemsize
     return _data_length(tensor, info)
 
 
@@ -233,10 +234,7 @@ def _data_length(tensor: onnx.TensorProto, info: dict[str, str]) -> int:
     else what its shape and type hold."""
     if info.get("length"):
         return int(info["length"])
-    count = 1
-    for d in tensor.dims:
-        count *= d
-    return count * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    return element_count(tensor) * _np_dtype(tensor.data_type).itemsize
 
 
 def _pad(out) -> int:

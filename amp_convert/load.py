@@ -23,7 +23,7 @@ import onnx.defs
 import onnx.shape_inference
 
 from .errors import AmpError
-from .external import all_tensors, external_info
+from .external import all_tensors, element_count, external_info
 from .schema import model_opsets
 
 MIN_IR_VERSION = 3
@@ -267,19 +267,12 @@ def _expected_bytes(tensor: onnx.TensorProto) -> int | None:
     """Size of a tensor's raw data from its shape and type (None when the type
     has no fixed size or a packing this check does not know)."""
     if tensor.data_type in _SUB_BYTE or tensor.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
-        return (_count(tensor) + 1) // 2 if tensor.data_type in _PACKED_4BIT else None
+        return (element_count(tensor) + 1) // 2 if tensor.data_type in _PACKED_4BIT else None
     try:
         itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
     except (KeyError, TypeError, ValueError):
         return None
-    return _count(tensor) * itemsize
-
-
-def _count(tensor: onnx.TensorProto) -> int:
-    count = 1
-    for d in tensor.dims:
-        count *= d
-    return count
+    return element_count(tensor) * itemsize
 
 
 def _types(*names: str) -> frozenset[int]:

@@ -169,18 +169,20 @@ class ErrorStats:
     def equal_fraction(self) -> float:
         return self.equal / self.count if self.count else 1.0
 
-    def checks(self, tol: Tolerance) -> dict[str, bool]:
-        """Each criterion of ``tol`` and whether this output meets it."""
+    def checks(self, tol: Tolerance, only: tuple[str, ...] | None = None) -> dict[str, bool]:
+        """Each criterion of ``tol`` (``only``: just these) and whether this output meets it."""
         if self.shape_mismatch:
-            return {"shape": False}
-        if self.kind == "exact":
-            return {"equal_fraction": self.equal_fraction >= tol.min_equal}
-        return {
-            "nonfinite": self.new_nonfinite == 0,
-            "max_abs_err": self.max_abs_err <= tol.atol + tol.rtol * self.max_abs_ref,
-            # Cosine says nothing about outputs that lie within atol of zero...
-            "cosine": self.cosine >= tol.min_cosine or self.max_abs_ref <= tol.atol,
-        }
+            every = {"shape": False}
+        elif self.kind == "exact":
+            every = {"equal_fraction": self.equal_fraction >= tol.min_equal}
+        else:
+            every = {
+                "nonfinite": self.new_nonfinite == 0,
+                "max_abs_err": self.max_abs_err <= tol.atol + tol.rtol * self.max_abs_ref,
+                # Cosine says nothing about outputs that lie within atol of zero...
+                "cosine": self.cosine >= tol.min_cosine or self.max_abs_ref <= tol.atol,
+            }
+        return every if only is None else {k: ok for k, ok in every.items() if k in only}
 
     def warnings(self) -> list[str]:
         """What passes the tolerance but a person should still see."""
@@ -193,7 +195,7 @@ class ErrorStats:
 
     def verdict(self, tol: Tolerance, only: tuple[str, ...] | None = None) -> list[str]:
         """Reasons this output fails ``tol`` (empty: it passes); ``only``: judge just these checks."""
-        checks = {k: ok for k, ok in self.checks(tol).items() if only is None or k in only}
+        checks = self.checks(tol, only)
         reasons = {
             "shape": f"shape differs in {self.shape_mismatch} sample(s)",
             "equal_fraction": f"{self.equal_fraction:.4f} equal < {tol.min_equal}",
@@ -203,7 +205,8 @@ class ErrorStats:
         }
         return [reasons[name] for name, ok in checks.items() if not ok]
 
-    def as_dict(self, tol: Tolerance | None = None) -> dict:
+    def as_dict(self, tol: Tolerance | None = None, only: tuple[str, ...] | None = None) -> dict:
+        """The metrics, and with ``tol`` the verdict (``only``: on just these checks)."""
         d: dict = {"name": self.name, "dtype": self.dtype, "kind": self.kind or "float", "samples": self.samples}
         if self.shape_mismatch:
             d["shape_mismatch"] = self.shape_mismatch
@@ -224,10 +227,10 @@ class ErrorStats:
                 new_nonfinite=self.new_nonfinite,
             )
         if tol is not None:
-            failures = self.verdict(tol)
+            failures = self.verdict(tol, only)
             d["passed"] = not failures
             d["failures"] = failures
-            d["checks"] = self.checks(tol)
+            d["checks"] = self.checks(tol, only)
             d["limit_abs_err"] = tol.atol + tol.rtol * self.max_abs_ref
         d["warnings"] = self.warnings()
         return d

@@ -27,11 +27,10 @@ from dataclasses import dataclass
 import onnx
 from onnx import TensorProto, helper
 
+from .dtypes import FLOAT_TYPES
 from .graph import GraphContext
 from .lists import SELECTION_OPS
 from .schema import is_default_domain
-
-_FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
 
 
 @dataclass(frozen=True)
@@ -59,7 +58,7 @@ def find_selections(ctx: GraphContext) -> list[Selection]:
             if slot >= len(outs) or not outs[slot] or outs[slot] in outputs:
                 continue
             read = (ins[s] for s in value_slots if s < len(ins) and ins[s])
-            values = tuple(name for name in read if ctx.type_of(name) in _FLOATS and name not in outputs)
+            values = tuple(name for name in read if ctx.type_of(name) in FLOAT_TYPES and name not in outputs)
             found.append(Selection(outs[slot], ctx.node_label(i), op, values))
         elif op == "If" and any(_selects(body) for body in ctx.subgraphs.get(i, ())):
             for name in outs:
@@ -90,13 +89,19 @@ def _picks_float_data(ctx: GraphContext, selection: Selection) -> bool:
             for out in ctx.outs[j]:
                 if not out or out in seen:
                     continue
-                if ctx.types.get(out) in _FLOATS:
+                if ctx.types.get(out) in FLOAT_TYPES:
                     if ctx.ops[j] == "Cast":
                         continue
                     return True
                 seen.add(out)
                 todo.append(out)
     return False
+
+
+def makes(ctx: GraphContext, selection: Selection) -> bool:
+    """Whether the candidate makes ``selection`` the way the reference does (same tensor, same op)."""
+    i = ctx.producer.get(selection.name)
+    return i is not None and ctx.ops[i] == selection.op_type
 
 
 def pin(model: onnx.ModelProto, selections: list[Selection], taken: set[str]) -> tuple[onnx.ModelProto, dict[str, str]]:

@@ -112,35 +112,9 @@ def terminal_table(report: dict) -> str:
     tol = v["tolerance"]
     rows = [("output", "metric", "value", "tolerance", "")]
     for out in v["outputs"]:
-        name = out["name"]
-        if out.get("shape_mismatch"):
-            rows.append((name, "shape", "differs", "equal", "FAIL"))
-            continue
-        checks = out["checks"]
-        if out["kind"] == "exact":
-            rows.append(
-                (name, "equal fraction", _fmt(out["equal_fraction"]), f">= {tol['min_equal']}", _pf(checks["equal_fraction"]))
-            )
-            continue
-        limit = f"<= {_fmt(out['limit_abs_err'])}"
-        rows.append((name, "max abs error", _fmt(out["max_abs_err"]), limit, _pf(checks["max_abs_err"])))
-        rows.append(("", "mean abs error", _fmt(out["mean_abs_err"]), "", ""))
-        rows.append(("", "max rel error", _fmt(out["max_rel_err"]), "", ""))
-        rows.append(("", "cosine", f"{out['cosine']:.6f}", f">= {tol['min_cosine']}", _pf(checks["cosine"])))
-        rows.append(("", "SNR dB", _fmt(out["snr_db"]) if out["snr_db"] is not None else "inf", "", ""))
-        nonfinite = f"{out['cand_nan'] + out['cand_inf']} (fp32: {out['ref_nan'] + out['ref_inf']})"
-        rows.append(("", "NaN/Inf", nonfinite, "no new", _pf(checks["nonfinite"])))
-        if out.get("warnings"):
-            rows.append(("", "all zeros", "yes", "within --atol", "WARN"))
+        rows += _metric_rows(out["name"], out, tol)
     for out in v["pinned"]["inputs"]:  # the values a pinned choice reads: finite, same direction
-        checks = out["checks"]
-        label = f"{out['name']} (choice input)"
-        if "shape" in checks:
-            rows.append((label, "shape", "differs", "equal", "FAIL"))
-            continue
-        rows.append((label, "cosine", f"{out['cosine']:.6f}", f">= {tol['min_cosine']}", _pf(checks["cosine"])))
-        nonfinite = f"{out['cand_nan'] + out['cand_inf']} (fp32: {out['ref_nan'] + out['ref_inf']})"
-        rows.append(("", "NaN/Inf", nonfinite, "no new", _pf(checks["nonfinite"])))
+        rows += _metric_rows(f"{out['name']} (choice input)", out, tol, judged_only=True)
     widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
     lines = ["  ".join(str(c).ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
     offenders = v["offenders"][:5]
@@ -162,6 +136,29 @@ def terminal_table(report: dict) -> str:
     if v["reference_emulated"]:
         lines.append(f"the reference is low precision too: emulated ({v['reference_emulation_note']})")
     return "\n".join(lines)
+
+
+def _metric_rows(label: str, out: dict, tol: dict, judged_only: bool = False) -> list[tuple[str, ...]]:
+    """Table rows for one compared tensor; ``judged_only``: just the checks it is judged on."""
+    checks = out["checks"]
+    if "shape" in checks:
+        return [(label, "shape", "differs", "equal", "FAIL")]
+    if out["kind"] == "exact":
+        return [(label, "equal fraction", _fmt(out["equal_fraction"]), f">= {tol['min_equal']}", _pf(checks["equal_fraction"]))]
+    rows = []
+    if not judged_only:
+        limit = f"<= {_fmt(out['limit_abs_err'])}"
+        rows.append(("max abs error", _fmt(out["max_abs_err"]), limit, _pf(checks["max_abs_err"])))
+        rows.append(("mean abs error", _fmt(out["mean_abs_err"]), "", ""))
+        rows.append(("max rel error", _fmt(out["max_rel_err"]), "", ""))
+    rows.append(("cosine", f"{out['cosine']:.6f}", f">= {tol['min_cosine']}", _pf(checks["cosine"])))
+    if not judged_only:
+        rows.append(("SNR dB", _fmt(out["snr_db"]) if out["snr_db"] is not None else "inf", "", ""))
+    nonfinite = f"{out['cand_nan'] + out['cand_inf']} (fp32: {out['ref_nan'] + out['ref_inf']})"
+    rows.append(("NaN/Inf", nonfinite, "no new", _pf(checks["nonfinite"])))
+    if not judged_only and out.get("warnings"):
+        rows.append(("all zeros", "yes", "within --atol", "WARN"))
+    return [(label if k == 0 else "", *row) for k, row in enumerate(rows)]
 
 
 def pinned_summary(pinned: dict) -> str:

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from .dtypes import FLOAT_TYPES
 from .emulate import LOW_TYPES, decide_emulation, emulation_twin, low_io
 from .errors import AmpError
 from .external import PROTOBUF_LIMIT, has_external, payload_bytes, write_with_external_data
@@ -121,16 +122,13 @@ def run(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return dict(zip(names, values, strict=True))
 
 
-_FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
-
-
 def input_dtypes(model: onnx.ModelProto) -> dict[str, np.dtype]:
     """The numpy dtype each float graph input of ``model`` declares."""
     inits = {t.name for t in model.graph.initializer}
     return {
         v.name: np.dtype(helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type))
         for v in model.graph.input
-        if v.name not in inits and v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in _FLOAT_TYPES
+        if v.name not in inits and v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in FLOAT_TYPES
     }
 
 

@@ -25,13 +25,14 @@ import onnx
 from onnx import TensorProto
 
 from .calibrate import Calibration
+from .dtypes import FLOAT_TYPES
 from .emulate import EMULATE_MODES, decide_emulation, low_dtype_of, low_io
 from .errors import AmpError
 from .graph import build_context, tensor_names
 from .inputs import InputSource
 from .lists import EXACT_OPS
 from .metrics import DEFAULT_TOLERANCES, ErrorStats, Tolerance
-from .pin import Selection, find_selections, pin
+from .pin import Selection, find_selections, makes, pin
 from .plan import Plan
 from .runner import Runnable, choose_provider, runnable
 from .schema import model_opsets
@@ -40,7 +41,10 @@ from .typeinfo import infer_types
 # Exposing every tensor makes onnxruntime's session set-up grow faster than
 # the graph: above this many, the per-node diff is off unless asked for.
 PER_NODE_LIMIT = 20_000
-_EXPOSABLE = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
+# The values a pinned choice is made from must stay finite and keep their
+# direction (cosine); their largest element error is not judged: near the
+# choice only ties can move, and the outputs built from it are judged whole.
+SELECTION_INPUT_CHECKS = ("shape", "nonfinite", "cosine")
 
 
 @dataclass
@@ -137,7 +141,7 @@ class ValidationResult:
     @property
     def passed(self) -> bool:
         outputs_pass = all(not o.verdict(self.tolerance) for o in self.outputs)
-        return outputs_pass and all(not selection_input_failures(o, self.tolerance) for o in self.selection_inputs)
+        return outputs_pass and all(not o.verdict(self.tolerance, SELECTION_INPUT_CHECKS) for o in self.selection_inputs)
 
     def ranked(self) -> list[NodeError]:
         """Low nodes that add error over their inputs, most first (ties: earlier first)."""
@@ -167,29 +171,10 @@ class ValidationResult:
             "pinned": {
                 "note": self.pin_note,
                 "selections": [p.as_dict() for p in self.pinned],
-                "inputs": [_selection_input_dict(o, self.tolerance) for o in self.selection_inputs],
+                "inputs": [o.as_dict(self.tolerance, SELECTION_INPUT_CHECKS) for o in self.selection_inputs],
             },
             "seconds": round(self.seconds, 4),
         }
-
-
-# The values a pinned choice is made from must stay finite and keep their
-# direction (cosine); their largest element error is not judged: near the
-# choice only ties can move, and the outputs built from it are judged whole.
-_SELECTION_INPUT_CHECKS = ("shape", "nonfinite", "cosine")
-
-
-def selection_input_failures(stats: ErrorStats, tol: Tolerance) -> list[str]:
-    """Reasons the values a pinned choice reads fail (empty: they pass)."""
-    return stats.verdict(tol, only=_SELECTION_INPUT_CHECKS)
-
-
-def _selection_input_dict(stats: ErrorStats, tol: Tolerance) -> dict:
-    d = stats.as_dict(tol)
-    d["failures"] = selection_input_failures(stats, tol)
-    d["passed"] = not d["failures"]
-    d["checks"] = {k: ok for k, ok in d["checks"].items() if k in _SELECTION_INPUT_CHECKS}
-    return d
 
 
 def _json_float(x: float) -> float | str:
@@ -206,6 +191,8 @@ class Validator:
     Reused across candidates (the auto search), it keeps the reference's
     type index and, when the reference outputs of all samples are small
     (``cache_bytes``), those outputs, so each trial runs only the candidate.
+    A ``calibration`` of the reference lends its session (every float tensor
+    exposed) and, when it ran on these very samples, its outputs.
     """
 
     def __init__(
@@ -214,7 +201,6 @@ class Validator:
         source: InputSource,
         config: ValidationConfig,
         cache_bytes: int = 64 << 20,
-        reference_outputs: list[tuple[dict, dict]] | None = None,
         base_dir: str | os.PathLike | None = None,
         calibration: Calibration | None = None,
     ):
@@ -227,7 +213,9 @@ class Validator:
         self.ref_ctx = _typed(reference)
         self.output_names = [v.name for v in reference.graph.output]
         self.cache_bytes = cache_bytes
-        self._outputs_cache = reference_outputs  # (feeds, outputs) per sample of this source, if known
+        # (feeds, outputs) per sample of this source, when a calibration ran on the same samples
+        known = calibration.outputs if calibration is not None and calibration.source is source else None
+        self._outputs_cache = known
         self.base_dir = base_dir  # folder of external data the models still refer to
         self._plain_session: Runnable | None = None
         # A low-precision reference runs as the candidate would (decided here: --emulate never
@@ -245,7 +233,7 @@ class Validator:
         self.selections = find_selections(self.ref_ctx) if config.pin_choices else []
         self._extras = [(s.name, TensorProto.INT64) for s in self.selections]
         self._extras += [(n, self.ref_ctx.type_of(n)) for n in dict.fromkeys(n for s in self.selections for n in s.inputs)]
-        if self._extras and reference_outputs and any(n not in reference_outputs[0][1] for n, _ in self._extras):
+        if self._extras and known and any(n not in known[0][1] for n, _ in self._extras):
             self._outputs_cache = None  # (calibration's runs did not keep the choices)
 
     def check(
@@ -258,7 +246,7 @@ class Validator:
         """Compare ``candidate`` with the reference on every sample."""
         config = self.config if per_node is None else replace(self.config, per_node=per_node)
         cand_ctx = _typed(candidate)
-        pins = [s for s in self.selections if _makes(cand_ctx, s)]
+        pins = [s for s in self.selections if makes(cand_ctx, s)]
         try:
             return self._check(candidate, cand_ctx, config, plan, progress, pins)
         except AmpError as e:
@@ -296,9 +284,9 @@ class Validator:
                 for node in ref_ctx.nodes
                 for name in node.output
                 if name
-                and ref_ctx.types.get(name) in _EXPOSABLE
+                and ref_ctx.types.get(name) in FLOAT_TYPES
                 and name in cand_ctx.producer
-                and cand_ctx.types.get(name) in _EXPOSABLE
+                and cand_ctx.types.get(name) in FLOAT_TYPES
                 and name not in self.output_names
             ]
             if config.per_node is None and len(tensors) > PER_NODE_LIMIT:
@@ -307,7 +295,7 @@ class Validator:
         per_node = bool(tensors) or (config.per_node is not False and not per_node_note)
         # Through the emulation twin when the provider calls for it, or (auto) when the real
         # low-precision run cannot load (e.g. a bf16 kernel missing on CUDA).
-        judged = [n for s in pins for n in s.inputs if n in cand_ctx.producer and cand_ctx.types.get(n) in _EXPOSABLE]
+        judged = [n for s in pins for n in s.inputs if n in cand_ctx.producer and cand_ctx.types.get(n) in FLOAT_TYPES]
         judged = list(dict.fromkeys(judged))
         exposed = [(n, cand_ctx.types[n]) for n in dict.fromkeys([*tensors, *judged])]
         run_model, own = pin(candidate, pins, tensor_names(cand_ctx)) if pins else (candidate, {})
@@ -411,17 +399,8 @@ def validate(
     """Compare ``candidate`` with ``reference`` on every sample of ``source``
     (``calibration``: a calibration run of ``reference``, whose session and,
     on the same samples, outputs are reused)."""
-    known = calibration.outputs if calibration is not None and calibration.source is source else None
-    validator = Validator(
-        reference, source, config, cache_bytes=0, reference_outputs=known, base_dir=base_dir, calibration=calibration
-    )
+    validator = Validator(reference, source, config, cache_bytes=0, base_dir=base_dir, calibration=calibration)
     return validator.check(candidate, plan, progress=progress)
-
-
-def _makes(ctx, selection: Selection) -> bool:
-    """Whether the candidate makes ``selection`` the way the reference does (same tensor, same op)."""
-    i = ctx.producer.get(selection.name)
-    return i is not None and ctx.ops[i] == selection.op_type
 
 
 def _typed(model: onnx.ModelProto):

@@ -36,7 +36,7 @@ import onnxruntime as ort
 import torch
 import torchvision
 from torch import nn
-from zoo_inputs import make_inputs
+from zoo_inputs import iter_nodes, make_inputs
 
 MAX_IR_VERSION = 10
 REDUCED_MODEL_LIMIT = 4 * 1024 * 1024
@@ -542,17 +542,6 @@ NOTABLE_OPS = (
 
 
 # --------------------------------------------------------------------------- export / verify
-
-
-def iter_nodes(graph: onnx.GraphProto):
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from iter_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from iter_nodes(g)
 
 
 def op_histogram(model: onnx.ModelProto) -> Counter:

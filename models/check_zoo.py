@@ -27,18 +27,7 @@ import onnxruntime as ort
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from zoo_inputs import load_manifest, make_inputs, manifest_paths
-
-
-def iter_nodes(graph: onnx.GraphProto):
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from iter_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from iter_nodes(g)
+from zoo_inputs import iter_nodes, load_manifest, make_inputs, manifest_paths
 
 
 def describe(arr: np.ndarray) -> str:

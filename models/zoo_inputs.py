@@ -1,6 +1,8 @@
-"""Helpers to read zoo manifests and build deterministic model inputs.
+"""Helpers to read zoo manifests, build deterministic model inputs and walk
+a graph's nodes (subgraphs included).
 
-numpy only (no torch, no onnx), so the converter's tests can import it:
+numpy only (no torch, no onnx import), so the converter's tests and the zoo
+scripts (which run in another virtual environment) can all import it:
 
     from models.zoo_inputs import load_manifest, make_inputs
     for entry in load_manifest("models/zoo/manifest.json"):
@@ -25,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MODELS_DIR", "ZOO_DIR", "load_manifest", "make_inputs", "manifest_paths"]
+__all__ = ["MODELS_DIR", "ZOO_DIR", "iter_nodes", "load_manifest", "make_inputs", "manifest_paths"]
 
 MODELS_DIR = os.path.dirname(os.path.abspath(__file__))
 ZOO_DIR = os.path.join(MODELS_DIR, "zoo")
@@ -88,3 +90,15 @@ def make_inputs(entry: dict[str, Any], seed: int = 0) -> dict[str, np.ndarray]:
     """Feeds for one manifest entry: {input_name: array}. Deterministic in seed."""
     name = entry.get("name", "")
     return {spec["name"]: make_input(spec, seed, name) for spec in entry["inputs"]}
+
+
+def iter_nodes(graph):
+    """Every node of an onnx GraphProto, then, depth first, those of the
+    subgraphs in its attributes (If branches, Loop and Scan bodies, ...)."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from iter_nodes(attr.g)
+            for g in attr.graphs:
+                yield from iter_nodes(g)

@@ -10,6 +10,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_convert.cleanup import EXACT_WIDENINGS
+from models.zoo_inputs import iter_nodes
 
 F32, F16, BF16, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.INT64
 
@@ -119,11 +120,3 @@ def redundant_casts(model: onnx.ModelProto, original: onnx.ModelProto) -> list[s
 
     visit(inferred.graph, {}, {})
     return problems
-
-
-def iter_nodes(graph: onnx.GraphProto):
-    for node in graph.node:
-        yield node
-        for a in node.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                yield from iter_nodes(a.g)

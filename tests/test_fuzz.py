@@ -38,6 +38,7 @@ from onnx import TensorProto, helper, numpy_helper
 from amp_convert import convert
 from amp_convert.cleanup import count_casts
 from amp_convert.errors import AmpError
+from models.zoo_inputs import iter_nodes
 
 ort.set_default_logger_severity(3)
 
@@ -201,14 +202,6 @@ def _x(n=2, d=4, seed=0):
     return np.random.default_rng(seed).uniform(-2, 2, size=(n, d)).astype(np.float32)
 
 
-def _nodes(graph: onnx.GraphProto):
-    for node in graph.node:
-        yield node
-        for a in node.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                yield from _nodes(a.g)
-
-
 def test_generator_covers_what_it_promises():
     """Over a fixed sample, the strategy produces every op and feature the
     fuzz test is meant to exercise."""
@@ -218,26 +211,26 @@ def test_generator_covers_what_it_promises():
     @given(case=fuzz_cases())
     def collect(case):
         graph = case.model.graph
-        seen.update(n.op_type for n in _nodes(graph))
+        seen.update(n.op_type for n in iter_nodes(graph))
         if any(d.dim_param == "N" for v in graph.input for d in v.type.tensor_type.shape.dim):
             seen.add("symbolic-batch")
-        uses = [name for n in _nodes(graph) for name in n.input]
+        uses = [name for n in iter_nodes(graph) for name in n.input]
         if any(uses.count(t.name) > 1 for t in graph.initializer):
             seen.add("shared-initializer")
         for n in graph.node:
             if n.op_type == "If":
                 body = n.attribute[0].g
-                local = {o for b in _nodes(body) for o in b.output} | {t.name for t in body.initializer}
-                if any(name and name not in local for b in _nodes(body) for name in b.input):
+                local = {o for b in iter_nodes(body) for o in b.output} | {t.name for t in body.initializer}
+                if any(name and name not in local for b in iter_nodes(body) for name in b.input):
                     seen.add("captured-outer-value")
         if {i.name for i in graph.input} & {t.name for t in graph.initializer}:
             seen.add("initializer-input")
-        casts = {n.output[0]: n for n in _nodes(graph) if n.op_type == "Cast"}
+        casts = {n.output[0]: n for n in iter_nodes(graph) if n.op_type == "Cast"}
         for n in casts.values():
             first = casts.get(n.input[0])
             if first is not None and n.attribute[0].i == F32 and first.attribute[0].i == F16:
                 seen.add("fp16-round-trip")
-        if any(n.op_type == "LayerNormalization" and len(n.output) > 1 for n in _nodes(graph)):
+        if any(n.op_type == "LayerNormalization" and len(n.output) > 1 for n in iter_nodes(graph)):
             seen.add("layer-norm-stats")
 
     collect()
