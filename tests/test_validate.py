@@ -185,13 +185,17 @@ def _polygraphy_encode(array: np.ndarray) -> dict:
 )
 def test_wrong_inputs_exit_2_naming_the_input(mutate, message, tmp_path):
     entry = ZOO["bert"]
+    source = tmp_path / "bert.onnx"
+    shutil.copy(entry["path"], source)
     bad = tmp_path / "bad.npz"
     np.savez(bad, **mutate(make_inputs(entry, seed=0)))
     out = tmp_path / "out.onnx"
-    proc = cli(entry["path"], "-o", str(out), "--inputs", str(bad))
+    out.write_bytes(b"previous output")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    proc = cli(str(source), "-o", str(out), "--inputs", str(bad))
     assert proc.returncode == 2
-    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-    assert not out.exists()
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # input, samples and old output untouched
 
 
 def test_bad_input_flags_exit_2(tmp_path):
