@@ -504,49 +504,53 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     output = output or _default_output(model, options.dtype)
     if auto and not kw["validate"]:
         raise AmpError("--level auto measures accuracy: it cannot run with --no-validate")
-    loaded = read_model(model, lazy_external=True)
-    reference = loaded.model
-    # Every output is checked before anything is converted or written.
-    targets = {"-o": output, "-o's data file": output.with_name(f"{output.name}.data")}
-    targets.update({flag: kw[key] for flag, key in (("--plan-json", "plan_json"), ("--report", "report"), ("--html", "html"))})
-    seen: dict[Path, str] = {}
-    for flag, target in targets.items():
-        if target is None:
-            continue
-        if flag != "-o's data file":
-            _check_output_path(model, target, flag)
-        key = target.resolve()
-        if key in seen:
-            raise AmpError(f"{target}: given as both {seen[key]} and {flag}; each output needs its own file")
-        seen[key] = flag
-    folder = model.parent
-    input_files = loaded.external_files
-    input_external = bool(input_files)
-    node_count = len(reference.graph.node)
-    size_before = model.stat().st_size + sum((folder / f).stat().st_size for f in input_files if (folder / f).is_file())
-    source = _input_source(reference, kw) if kw["validate"] else None
-    calibration = _calibration(reference, source, options, kw, auto, folder)
-    searched = None
-    if auto:
-        searched = _auto(reference, options, source, calibration, kw, folder)
-        result, validation = searched.conversion, searched.validation
-    else:
-        # Without validation the fp32 model is not needed afterwards: convert it in place.
-        with _stage_line(kw) as on_stage:
-            result = convert(
-                reference,
-                options,
-                check=kw["check"],
-                calibration=calibration,
-                in_place=source is None,
-                external_dir=folder,
-                on_stage=on_stage,
+    # Without validation nothing runs the input before it is converted: the
+    # checker runs beside the conversion, in a child process.
+    loaded = read_model(model, lazy_external=True, background=not (kw["validate"] or kw["calibration"]))
+    with loaded.checked():
+        reference = loaded.model
+        # Every output is checked before anything is converted or written.
+        targets = {"-o": output, "-o's data file": output.with_name(f"{output.name}.data")}
+        reports = (("--plan-json", "plan_json"), ("--report", "report"), ("--html", "html"))
+        targets.update({flag: kw[key] for flag, key in reports})
+        seen: dict[Path, str] = {}
+        for flag, target in targets.items():
+            if target is None:
+                continue
+            if flag != "-o's data file":
+                _check_output_path(model, target, flag)
+            key = target.resolve()
+            if key in seen:
+                raise AmpError(f"{target}: given as both {seen[key]} and {flag}; each output needs its own file")
+            seen[key] = flag
+        folder = model.parent
+        input_files = loaded.external_files
+        input_external = bool(input_files)
+        node_count = len(reference.graph.node)
+        size_before = model.stat().st_size + sum((folder / f).stat().st_size for f in input_files if (folder / f).is_file())
+        source = _input_source(reference, kw) if kw["validate"] else None
+        calibration = _calibration(reference, source, options, kw, auto, folder)
+        searched = None
+        if auto:
+            searched = _auto(reference, options, source, calibration, kw, folder)
+            result, validation = searched.conversion, searched.validation
+        else:
+            # Without validation the fp32 model is not needed afterwards: convert it in place.
+            with _stage_line(kw) as on_stage:
+                result = convert(
+                    reference,
+                    options,
+                    check=kw["check"],
+                    calibration=calibration,
+                    in_place=source is None,
+                    external_dir=folder,
+                    on_stage=on_stage,
+                )
+            validation = (
+                _validate(reference, result.model, source, kw, result.plan, folder, calibration) if source is not None else None
             )
-        validation = (
-            _validate(reference, result.model, source, kw, result.plan, folder, calibration) if source is not None else None
-        )
-        if calibration is not None:
-            calibration.session = None  # (its memory goes before the model is written)
+            if calibration is not None:
+                calibration.session = None  # (its memory goes before the model is written)
     if kw["explain"] and not kw["json_out"]:
         click.echo(result.plan.format_table())
     if kw["plan_json"]:

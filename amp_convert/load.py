@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import stat
+import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -58,10 +60,95 @@ def is_input_file(path: str | os.PathLike) -> bool:
         return False
 
 
+class BackgroundCheck:
+    """The ONNX checker run on the input in a forked child, while the caller
+    goes on converting on another core (the checker is C++ that holds the
+    GIL: a thread would not run beside the converter). :meth:`wait` gives
+    its verdict: nothing, or the AmpError :func:`check_input_model` raises.
+
+    Used where nothing but the converter's own Python code touches the model
+    before the verdict: no onnxruntime session, nothing written."""
+
+    def __init__(self, source: bytes | str, label: str) -> None:
+        self._source, self._label = source, label
+        self._read_end, write_end = os.pipe()
+        with warnings.catch_warnings():  # (3.12+ warns of fork with threads: numpy's idle BLAS pool here)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self._pid = os.fork()
+        if self._pid == 0:  # the child: check, write the verdict, leave without running any cleanup
+            try:
+                os.close(self._read_end)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                try:
+                    check_input_model(source, label)
+                    verdict = b"ok"
+                except AmpError as e:
+                    verdict = str(e).encode("utf-8", "replace")
+                view = memoryview(verdict)
+                while view:
+                    view = view[os.write(write_end, view) :]
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        self._verdict: AmpError | bool | None = False  # False: not yet known
+
+    def wait(self) -> None:
+        """Block until the checker is done; raise its AmpError if the input fails it."""
+        if self._verdict is False:
+            with open(self._read_end, "rb") as pipe:
+                text = pipe.read()
+            _, status = os.waitpid(self._pid, 0)
+            if not (os.WIFEXITED(status) and text):  # the child died (out of memory?): check here instead
+                try:
+                    check_input_model(self._source, self._label)
+                    self._verdict = None
+                except AmpError as e:
+                    self._verdict = e
+            else:
+                self._verdict = None if text == b"ok" else AmpError(text.decode("utf-8", "replace"))
+            self._source = b""
+        if self._verdict is not None:
+            raise self._verdict
+
+    def cancel(self) -> None:
+        """Stop the child (the caller is being interrupted)."""
+        if self._verdict is False:
+            with contextlib.suppress(OSError):
+                os.kill(self._pid, signal.SIGKILL)
+                os.waitpid(self._pid, 0)
+            with contextlib.suppress(OSError):
+                os.close(self._read_end)
+            self._verdict = None
+
+
+# Below this many bytes of model the checker takes a few milliseconds: not worth a process.
+BACKGROUND_CHECK_BYTES = 4 << 20
+
+
 @dataclass
 class LoadedModel:
     model: onnx.ModelProto
     external_files: frozenset[str]  # data files (relative to the model's folder) its tensors referred to
+    check: BackgroundCheck | None = field(default=None, repr=False)  # the checker, when still running
+
+    @contextlib.contextmanager
+    def checked(self) -> Iterator[None]:
+        """Run the block while the checker finishes; leave it only with the
+        input checked. A failing input's error wins over any error the
+        block raised on it (as when the checker ran first)."""
+        if self.check is None:
+            yield
+            return
+        try:
+            yield
+        except Exception:
+            self.check.wait()
+            raise
+        except BaseException:
+            self.check.cancel()
+            raise
+        self.check.wait()
 
 
 def load_model(path: str | os.PathLike, *, lazy_external: bool = False) -> onnx.ModelProto:
@@ -72,24 +159,36 @@ def load_model(path: str | os.PathLike, *, lazy_external: bool = False) -> onnx.
     return read_model(path, lazy_external=lazy_external).model
 
 
-def read_model(path: str | os.PathLike, *, lazy_external: bool = False) -> LoadedModel:
-    """:func:`load_model`, also naming the external data files it read from."""
+def read_model(path: str | os.PathLike, *, lazy_external: bool = False, background: bool = False) -> LoadedModel:
+    """:func:`load_model`, also naming the external data files it read from.
+
+    ``background``: a large model is checked by a child process on another
+    core; the caller must run its work in ``LoadedModel.checked()``."""
     p = Path(path)
     data = _read(p)
     _remember_input(p)
     model = _parse(p, data)
     check_versions(model, str(p))
-    external = list(_external_tensors(model))
+    external = list(_external_tensors(model, data))
+    # The checker reads an external-data model's file itself, to find its data.
+    source = str(p) if external else data
     if external:
         _check_external_data(external, p)
-        # The checker reads the file itself so that it can find the external data.
-        check_input_model(str(p), str(p))
-        if not lazy_external:
-            _load_external_data(model, external, p)
+    check = None
+    if background and (lazy_external or not external) and len(data) >= BACKGROUND_CHECK_BYTES and _can_fork():
+        check = BackgroundCheck(source, str(p))
     else:
-        check_input_model(data, str(p))
+        check_input_model(source, str(p))
+        if external and not lazy_external:
+            _load_external_data(model, external, p)
     del data
-    return LoadedModel(model, frozenset(external_info(t).get("location", "") for t in external))
+    return LoadedModel(model, frozenset(external_info(t).get("location", "") for t in external), check)
+
+
+def _can_fork() -> bool:
+    """A child on another core: where there is fork, and another core to run it."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return hasattr(os, "fork") and cores > 1
 
 
 # ------------------------------------------------------------------ reading
@@ -193,7 +292,15 @@ def check_input_model(model: onnx.ModelProto | bytes | str, label: str, *, full_
 # ----------------------------------------------------------- external data
 
 
-def _external_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+# How a TensorProto's data_location = EXTERNAL field is serialized (field 14, varint 1).
+_EXTERNAL_LOCATION_BYTES = bytes([14 << 3, onnx.TensorProto.EXTERNAL])
+
+
+def _external_tensors(model: onnx.ModelProto, data: bytes = b"") -> Iterator[onnx.TensorProto]:
+    """Tensors whose data is in external files. Serialized bytes without the
+    field's encoding hold none: the walk over every tensor is skipped."""
+    if data and _EXTERNAL_LOCATION_BYTES not in data:
+        return
     for t in all_tensors(model.graph):
         if t.data_location == onnx.TensorProto.EXTERNAL:
             yield t

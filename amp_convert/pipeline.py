@@ -21,8 +21,8 @@ from .check import CHECK_MODES, check_converted
 from .cleanup import clean_up, count_casts
 from .errors import ConversionError
 from .external import has_external, is_external
-from .graph import NameGenerator, build_context, tensor_names
-from .load import check_input_model, check_versions, load_model
+from .graph import GraphContext, NameGenerator, build_context, tensor_names
+from .load import LoadedModel, check_input_model, check_versions, read_model
 from .opset import check_target_opset, upgrade_opset
 from .options import ConvertOptions
 from .plan import Plan, make_plan
@@ -70,17 +70,18 @@ class _Timer:
             self.on_stage(stage)
 
 
-def load_input(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
-    """A private copy of the input: the caller's model (or file) is never changed."""
+def load_input(model: onnx.ModelProto | str | os.PathLike) -> LoadedModel:
+    """A private copy of the input: the caller's model (or file) is never changed.
+    A large file is checked in the background (see ``LoadedModel.checked``)."""
     if isinstance(model, onnx.ModelProto):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         check_versions(copy, "model")
-        if not has_external(copy):  # (external data is checked where it is read: by load_model)
+        if not has_external(copy):  # (external data is checked where it is read: by read_model)
             check_input_model(copy, "model")
-        return copy
+        return LoadedModel(copy, frozenset())
     if isinstance(model, (str, os.PathLike)):
-        return load_model(model)
+        return read_model(model, background=True)
     raise TypeError(f"expected an onnx.ModelProto or a path to an .onnx file, got {type(model).__name__}")
 
 
@@ -128,12 +129,18 @@ def convert(
         raise ValueError(f"check must be one of {', '.join(CHECK_MODES)}, not {check!r}")
     options = (options or ConvertOptions(**_tuples(option_values))).validated()
     base_dir = Path(external_dir) if external_dir is not None else None
+    timer = _Timer(on_stage)
     with _no_cyclic_gc():
-        return _convert(model, options, check, calibration, in_place, base_dir, _Timer(on_stage))
+        if in_place and isinstance(model, onnx.ModelProto):
+            return _convert(model, model, options, check, calibration, in_place, base_dir, timer)
+        loaded = load_input(model)
+        with loaded.checked():
+            return _convert(model, loaded.model, options, check, calibration, in_place, base_dir, timer)
 
 
 def _convert(
     model,
+    work: onnx.ModelProto,
     options: ConvertOptions,
     check: str,
     calibration: Calibration | None,
@@ -141,25 +148,27 @@ def _convert(
     base_dir: Path | None,
     timer: _Timer,
 ) -> ConversionResult:
-    work = model if in_place and isinstance(model, onnx.ModelProto) else load_input(model)
     timer.lap("load")
-    casts_before = count_casts(work)
     notes = []
     check_target_opset(work, options.target_opset)
     target = max(options.target_opset or 0, options.low.min_cast_opset if options.effective_level != "O0" else 0)
+    given = work
     work, note = upgrade_opset(work, target)
     if note:
         notes.append(note + (f" ({options.low.name} Casts need it)" if target > (options.target_opset or 0) else ""))
         timer.lap("upgrade")
     ctx = build_context(work.graph)
+    casts_before = _cast_count(ctx) if work is given else count_casts(given)
+    timer.lap("index")
     infer_types(ctx, model_opsets(work), assume_float=frozenset(k for k in options.op_lists().white if "::" in k))
+    timer.lap("types")
     if calibration is None and options.safety_on:
         notes.append("calibrated range rule inactive: no reference data")
     ranges = ConstantRanges(clip=options.clip_initializers, base_dir=base_dir)
     plan = make_plan(work, ctx, options, ranges, calibration)
     plan.notes[:0] = notes
     timer.lap("plan")
-    result = ConversionResult(work, plan, options, casts_before=casts_before)
+    result = ConversionResult(work, plan, options, casts_before=casts_before, casts_after=_cast_count(ctx))
     if options.effective_level != "O0":
         rewriter = Rewriter(plan, options.low, options.io_types, NameGenerator(tensor_names(ctx)), base_dir, ranges)
         result.stats = rewriter.run(ctx)
@@ -169,6 +178,8 @@ def _convert(
             types.update(c.types)
         types.update(rewriter.retyped)
         result.cleanup = clean_up(work, types)
+        # (the clean-up removes only Casts, and counts them)
+        result.casts_after += result.stats.casts_inserted - sum(result.cleanup.values())
         timer.lap("cleanup")
     # A model read from external data is checked as a file once written: the
     # in-memory checker would need its data, and a serialized copy of it.
@@ -182,9 +193,13 @@ def _convert(
             check_input_model(source, "model" if isinstance(model, onnx.ModelProto) else str(model), full_check=True)
         raise
     timer.lap("check")
-    result.casts_after = count_casts(work)
     result.timings = timer.timings
     return result
+
+
+def _cast_count(root: GraphContext) -> int:
+    """Cast nodes in the indexed graphs (the rewriter and clean-up report their changes to it)."""
+    return sum(c.ops.count("Cast") for c in root.walk())
 
 
 def _tuples(values: dict) -> dict:

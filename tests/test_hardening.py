@@ -477,6 +477,65 @@ def test_input_that_fails_shape_inference_is_a_usage_error(tmp_path):
         convert(model, level="O2")
 
 
+# A model this large is checked in a child process while the conversion runs.
+def _large(nodes: list[onnx.NodeProto]) -> onnx.ModelProto:
+    from amp_convert.load import BACKGROUND_CHECK_BYTES
+
+    pad = numpy_helper.from_array(np.ones(BACKGROUND_CHECK_BYTES // 4 + 1024, np.float32), "pad")
+    return _model(nodes, initializers=[pad])
+
+
+LARGE_BAD_INPUTS = {
+    "undefined-tensor": ([helper.make_node("Add", ["x", "ghost"], ["y"])], "'ghost'"),
+    "unsorted-nodes": ([helper.make_node("Relu", ["t"], ["y"]), helper.make_node("Relu", ["x"], ["t"])], "topologically sorted"),
+}
+
+
+@pytest.mark.parametrize("validate", [["--no-validate"], []], ids=["checked-beside-the-conversion", "checked-first"])
+@pytest.mark.parametrize("case", sorted(LARGE_BAD_INPUTS))
+def test_large_bad_input_is_refused_whether_checked_beside_the_conversion_or_first(tmp_path, case, validate):
+    """Without validation a large input is checked by a child process while
+    the parent converts it: the verdict must be the same line, exit 2 and
+    nothing written, also with a bad output option that the parent meets
+    before the child's verdict (the input's error is the one reported)."""
+    nodes, fragment = LARGE_BAD_INPUTS[case]
+    model = _save(tmp_path, _large(nodes))
+    out = tmp_path / "out.onnx"
+    out.write_bytes(OLD)
+    before = snapshot(tmp_path)
+    assert_refused(cli(model, "-o", out, *validate), fragment, before, tmp_path)
+    assert_refused(cli(model, "-o", out, "--report", out, *validate), fragment, before, tmp_path)
+
+
+@pytest.mark.parametrize("case", sorted(LARGE_BAD_INPUTS))
+def test_large_bad_input_is_refused_by_the_api_and_leaves_no_child(tmp_path, case):
+    nodes, fragment = LARGE_BAD_INPUTS[case]
+    model = _save(tmp_path, _large(nodes))
+    with pytest.raises(AmpError, match=fragment):
+        convert(model, level="O2")
+    with pytest.raises(ChildProcessError):  # the checker's process was waited for
+        os.waitpid(-1, os.WNOHANG)
+
+
+def test_large_valid_input_checked_beside_the_conversion_converts(tmp_path):
+    from amp_convert.load import read_model
+
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    model = _large(nodes)
+    model.graph.initializer.append(numpy_helper.from_array(np.eye(4, dtype=np.float32), "w"))
+    path = _save(tmp_path, model)
+    loaded = read_model(path, lazy_external=True, background=True)
+    assert loaded.check is not None  # (the path under test: a child checks it)
+    with loaded.checked():
+        pass
+    out = tmp_path / "out.onnx"
+    proc = cli(path, "-o", out, "--no-validate", "--level", "O3")
+    assert proc.returncode == 0, proc.stderr
+    converted = onnx.load(str(out))
+    onnx.checker.check_model(converted, full_check=True)
+    assert {t.name: t.data_type for t in converted.graph.initializer}["w"] == TensorProto.FLOAT16
+
+
 # ---------------------------------------------------- options and config
 
 

@@ -21,6 +21,7 @@ import pytest
 from helpers import iter_nodes, manifest_source, redundant_casts, run
 
 from amp_convert import convert
+from amp_convert.cleanup import count_casts
 from amp_convert.save import save_model
 from amp_convert.validate import ValidationConfig, validate
 from models.zoo_inputs import load_manifest, make_inputs, manifest_paths
@@ -44,7 +45,10 @@ def converted(name: str, level: str, dtype: str, tmp_root: Path) -> onnx.ModelPr
         result = convert(BY_NAME[name]["path"], level=level, dtype=dtype)
         path = tmp_root / f"{name}.{level}.{dtype}.onnx"
         save_model(result.model, path)
-        _converted[key] = onnx.load(str(path))
+        _converted[key] = written = onnx.load(str(path))
+        # The reported Cast counts (from the index and the passes' own counts) are the real ones.
+        assert result.casts_before == count_casts(onnx.load(BY_NAME[name]["path"]))
+        assert result.casts_after == count_casts(written)
     return _converted[key]
 
 
