@@ -134,6 +134,11 @@ class Plan:
         return "\n".join(lines)
 
 
+# Ops whose rules look past their kind (a Cast's target type, a Constant's value).
+_CONTEXT_OPS = frozenset({"Cast", "Constant"})
+# Rules whose verdict is about one node's own inputs, not its kind.
+_NODE_RULES = frozenset({"safety-initializer-range", "safety-data-range"})
+
 # Data precision of a tensor while planning.
 LOW, F32, NEUTRAL = "low", "fp32", "neutral"
 _FIXED, _FOLLOW, _SOURCE = "fixed", "follow", "source"  # states of the forward pass (the last two provisional)
@@ -148,15 +153,6 @@ class Demand:
         self.plan = plan
         self.low = low
         self.io_low = io_types == "low"
-
-    def required_type(self, ctx: GraphContext, j: int, slot: int) -> int:
-        """The element type node ``j`` needs on input ``slot`` (0: any)."""
-        if slot in DTYPE_AGNOSTIC_INPUTS.get(ctx.ops[j], ()) and is_default_domain(ctx.domains[j]):
-            return 0
-        entry = self.plan.entries[ctx.path][j]
-        if entry.precision is Precision.LOW and slot in entry.low_inputs:
-            return self.low.onnx_type
-        return ctx.type_of(ctx.ins[j][slot])
 
     def output_type(self, ctx: GraphContext, name: str) -> int:
         """Type a graph output must have: its declared type, low for
@@ -180,7 +176,19 @@ class Demand:
     def requirements(self, ctx: GraphContext, name: str) -> set[int]:
         """Element types that the readers of ``name`` in ``ctx`` (and in the
         subgraphs capturing it) need; dtype-agnostic reads need nothing."""
-        wants = {self.required_type(ctx, j, slot) for j, slot in ctx.consumers.get(name, ())}
+        wants = set()
+        entries, ops, low, own_type = self.plan.entries[ctx.path], ctx.ops, self.low.onnx_type, None
+        for j, slot in ctx.consumers.get(name, ()):
+            agnostic = DTYPE_AGNOSTIC_INPUTS.get(ops[j])
+            if agnostic is not None and slot in agnostic and is_default_domain(ctx.domains[j]):
+                continue  # (reads any type)
+            entry = entries[j]
+            if entry.precision is Precision.LOW and slot in entry.low_inputs:
+                wants.add(low)
+            else:
+                if own_type is None:
+                    own_type = ctx.type_of(name)
+                wants.add(own_type)
         for j in ctx.captured_by.get(name, ()):
             for sub in ctx.subgraphs[j]:
                 wants |= self.requirements(sub, name)
@@ -223,6 +231,8 @@ class Planner:
         self._has_qdq = False  # set per graph: any DequantizeLinear / QuantizeLinear
         self._by_kind = not (self.keep_patterns or self.force_patterns or self.keep_names or self.force_names)
         self._decisions: dict[tuple, tuple] = {}  # (op, domain, float slots) -> decision, without name rules
+        # ((op, domain, float slots), states reaching a follow node) -> the node's forward outcome
+        self._outcomes: dict[tuple, tuple] = {}
         self._float_slots: list = []
 
     # ---------------------------------------------------------------- driver
@@ -251,11 +261,56 @@ class Planner:
         self._float_slots = floats = [_float_slots(ctx, i) for i in range(len(ctx.nodes))]
         pending: list[int] = []  # neutral follow nodes and sources, resolved backwards
         subgraphs = ctx.subgraphs
-        for i in range(len(ctx.nodes)):
+        path, nodes, ops, domains, ins, outs = ctx.path, ctx.nodes, ctx.ops, ctx.domains, ctx.ins, ctx.outs
+        low_type = self.low.onnx_type
+        # Without node-name rules, QDQ context or calibration, a node's whole
+        # forward outcome depends only on its kind and on which states reach
+        # it: it is worked out once per such pair and reused (the safety rule
+        # on constants still looks at each node's own inputs).
+        reuse = self._by_kind and not has_qdq
+        outcomes = self._outcomes
+        # Names whose constant values the safety rule must look at (the data-range rule looks at every node).
+        suspects = self.ranges.suspects(ctx, self.low) if self.constants_rule and not self.calibration else None
+        for i in range(len(nodes)):
+            op = ops[i]
+            kind = (op, domains[i], floats[i]) if reuse and op not in _CONTEXT_OPS and i not in subgraphs else None
+            decision = self._decisions.get(kind) if kind is not None else None
+            if decision is not None:
+                outcome = outcomes.get((kind, self._seen_states(ctx, i) if decision[3] == _FOLLOW else 0))
+                if outcome is not None:
+                    precision, rule, reason, low_inputs, low_outputs, state, checked = outcome
+                    if not (
+                        checked
+                        and (suspects is None or not suspects.isdisjoint(ins[i]))
+                        and self._safety_problem(ctx, i, low_inputs)
+                    ):
+                        label = nodes[i].name or f"{op}_{i}"
+                        if type(label) is not str:
+                            raise AmpError(f"the model holds the name {label!r}, which is not valid UTF-8 (a corrupt file?)")
+                        entry = PlanEntry(path, i, label, op, domains[i], precision, rule, reason, low_inputs, low_outputs)
+                        entries.append(entry)
+                        neutral = state is NEUTRAL or state is _SOURCE
+                        if neutral:
+                            pending.append(i)
+                        if precision is not Precision.LOW:
+                            low_outputs = ()
+                        for k, name in enumerate(outs[i]):
+                            t = types.get(name, 0) if name else 0
+                            if t in (FLOAT, low_type):
+                                states[name] = NEUTRAL if neutral else LOW if t != FLOAT or k in low_outputs else F32
+                        continue
             entry, state = self._classify(ctx, i)
             entries.append(entry)
             if state == _FOLLOW and not self._resolve_follow(ctx, i, entry):
                 state = NEUTRAL
+            if kind is not None and entry.rule not in _NODE_RULES:
+                decision = self._decisions[kind]
+                low = entry.precision is Precision.LOW
+                outcomes[kind, self._seen_states(ctx, i) if decision[3] == _FOLLOW else 0] = (
+                    *(entry.precision, entry.rule, entry.reason, entry.low_inputs, entry.low_outputs),
+                    state,
+                    low and self.safety,  # the safety rules looked at this node's own inputs
+                )
             if state in (NEUTRAL, _SOURCE):
                 pending.append(i)
             if i in subgraphs:  # bodies are planned where they run: outer values they read have their states
@@ -267,6 +322,20 @@ class Planner:
             self._record_output_states(ctx, i, entry, neutral=state in (NEUTRAL, _SOURCE))
         for i in reversed(pending):
             self._resolve_from_consumers(ctx, i, entries[i])
+
+    def _seen_states(self, ctx: GraphContext, i: int) -> int:
+        """Which data states reach node ``i`` (1: low, 2: fp32; bits), as the follow rule sees them."""
+        states = self.states
+        agnostic = DTYPE_AGNOSTIC_INPUTS.get(ctx.ops[i], ())
+        seen = 0
+        for slot, name in enumerate(ctx.ins[i]):
+            if name and slot not in agnostic:
+                state = states.get(name)
+                if state is LOW:
+                    seen |= 1
+                elif state is F32:
+                    seen |= 2
+        return seen
 
     # ------------------------------------------------------- classification
 
@@ -385,18 +454,27 @@ class Planner:
             return entry
         low_inputs, low_outputs = slots
         if safety and self.safety:
-            node = ctx.nodes[i]
-            for rule, problem in (
-                ("safety-initializer-range", self.constants_rule and self.ranges.problem(ctx, i, low_inputs, self.low)),
-                ("safety-data-range", self.calibration and data_range_problem(ctx, node, self.calibration, self.data_max)),
-            ):
-                if problem:
-                    entry.precision, entry.rule = Precision.FP32, rule
-                    entry.reason = f"{problem} (wanted low: {entry.reason})"
-                    return entry
+            found = self._safety_problem(ctx, i, low_inputs)
+            if found is not None:
+                rule, problem = found
+                entry.precision, entry.rule = Precision.FP32, rule
+                entry.reason = f"{problem} (wanted low: {entry.reason})"
+                return entry
         entry.precision = Precision.LOW
         entry.low_inputs, entry.low_outputs = low_inputs, low_outputs
         return entry
+
+    def _safety_problem(self, ctx: GraphContext, i: int, low_inputs: tuple[int, ...]) -> tuple[str, str] | None:
+        """(rule, why) when a safety rule keeps node ``i`` fp32, reading ``low_inputs`` low."""
+        if self.constants_rule:
+            problem = self.ranges.problem(ctx, i, low_inputs, self.low)
+            if problem:
+                return "safety-initializer-range", problem
+        if self.calibration:
+            problem = data_range_problem(ctx, ctx.nodes[i], self.calibration, self.data_max)
+            if problem:
+                return "safety-data-range", problem
+        return None
 
     def _lower_if_outputs(self, ctx: GraphContext, i: int, entry: PlanEntry) -> None:
         """An If output that every branch produces low is low itself: its

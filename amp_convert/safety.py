@@ -96,6 +96,10 @@ class ConstantRanges:
     def __init__(self, clip: bool = False, base_dir: Path | None = None) -> None:
         # (graph path, name) -> statistics: sibling subgraphs may each hold a constant of the same name
         self._stats: dict[tuple[str, str], ValueStats] = {}
+        # (graph path, low dtype) -> the names there that may carry an unrepresentable constant,
+        # and, for those judged, why a node cannot read them low (None: it can)
+        self._suspects: dict[tuple[str, str], frozenset[str]] = {}
+        self._verdicts: dict[tuple[str, str], dict[str, str | None]] = {}
         self.clip = clip
         self.base_dir = base_dir
 
@@ -168,22 +172,66 @@ class ConstantRanges:
 
     def problem(self, ctx: GraphContext, i: int, low_inputs: tuple[int, ...], low: LowDtype) -> str | None:
         """Why node ``i`` cannot read its constants in ``low``, or None."""
-        inputs, initializers, producer, ops = ctx.ins[i], ctx.initializers, ctx.producer, ctx.ops
+        suspects = self.suspects(ctx, low)
+        verdicts = self._verdicts[ctx.path, low.key]
+        inputs = ctx.ins[i]
         for slot in low_inputs:
             name = inputs[slot]
-            if name not in initializers and name in producer and ops[producer[name]] not in _CONSTANT_CARRIERS:
-                continue  # computed data (the common case): no constant behind it
-            found = self.constant_behind(ctx, name)
-            if found is None:
+            if name not in suspects:
                 continue
-            scope, name, tensor = found
-            s = self.stats(scope, name, tensor)
-            if s.abs_max > low.max and not self.clip:
-                return f"safety: constant {name!r} holds values up to {s.abs_max:.4g}, beyond {low.name}'s max {low.max:.6g}"
-            lost = s.underflow(low)
-            if lost and (s.size <= SMALL_CONSTANT or lost * 2 > s.nonzero):
-                return f"safety: {lost} of {s.nonzero} non-zero values of constant {name!r} would become 0 in {low.name}"
+            verdict = verdicts.get(name, _UNJUDGED)
+            if verdict is _UNJUDGED:
+                verdict = verdicts[name] = self._judge(ctx, name, low)
+            if verdict is not None:
+                return verdict
         return None
+
+    def suspects(self, ctx: GraphContext, low: LowDtype) -> frozenset[str]:
+        """The float names in ``ctx`` that may carry constant values ``low``
+        cannot hold: initializers not known to be fine, names from outer
+        scopes, Constant outputs, and what the ops that pass a constant on
+        make of any of these (the chain :meth:`constant_behind` follows). A
+        node reading none of them low has no problem: the common case, found
+        with one set test."""
+        key = (ctx.path, low.key)
+        found = self._suspects.get(key)
+        if found is None:
+            stats, path = self._stats, ctx.path
+            self._verdicts.setdefault(key, {})
+            names = set(ctx.free_names)
+            for name in ctx.initializers:
+                s = stats.get((path, name))
+                if s is None or s.abs_max > low.max or s.underflow(low):
+                    names.add(name)
+            for op, node_ins, outs in zip(ctx.ops, ctx.ins, ctx.outs, strict=True):
+                if op in _CONSTANT_CARRIERS and (op in _CONSTANT_OPS or (node_ins and node_ins[0] in names)):
+                    names.update(outs)
+            types = ctx.types
+            found = self._suspects[key] = frozenset(n for n in names if types.get(n, onnx.TensorProto.FLOAT) in _MAYBE_FLOAT)
+        return found
+
+    def _judge(self, ctx: GraphContext, name: str, low: LowDtype) -> str | None:
+        """Why tensor ``name`` cannot be read in ``low``: the values of the constant behind it."""
+        if name not in ctx.initializers:
+            producer = ctx.producer.get(name)
+            if producer is not None and ctx.ops[producer] not in _CONSTANT_CARRIERS:
+                return None  # computed data (the common case): no constant behind it
+        found = self.constant_behind(ctx, name)
+        if found is None:
+            return None
+        scope, name, tensor = found
+        s = self.stats(scope, name, tensor)
+        if s.abs_max > low.max and not self.clip:
+            return f"safety: constant {name!r} holds values up to {s.abs_max:.4g}, beyond {low.name}'s max {low.max:.6g}"
+        lost = s.underflow(low)
+        if lost and (s.size <= SMALL_CONSTANT or lost * 2 > s.nonzero):
+            return f"safety: {lost} of {s.nonzero} non-zero values of constant {name!r} would become 0 in {low.name}"
+        return None
+
+
+_UNJUDGED = object()
+_CONSTANT_OPS = frozenset({"Constant", "ConstantOfShape"})
+_MAYBE_FLOAT = frozenset({onnx.TensorProto.FLOAT, 0})
 
 
 def _attribute_constant(node: onnx.NodeProto, name: str) -> tuple[str, onnx.TensorProto] | None:

@@ -422,6 +422,43 @@ def test_safety_rule_finds_constants_behind_data_movement():
     assert plan.by_name("add").rule == "safety-initializer-range"
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_safety_rule_judges_each_node_of_a_repeated_kind_on_its_own_constants(dtype):
+    """Nodes of one kind reached by the same states share a worked-out
+    outcome; the safety rule must still look at each one's own inputs: here
+    the fourth Add of a chain reads 100000 (beyond fp16, not bf16) through
+    Constant(int64) -> Cast -> Reshape, and a branch's second Add reads a
+    constant beyond both from the outer graph."""
+    as_int = np.full((4, 2), 100_000, np.int64)
+    nodes = [
+        helper.make_node("Constant", [], ["big_i"], name="const", value=onnx.numpy_helper.from_array(as_int)),
+        helper.make_node("Cast", ["big_i"], ["big_f"], name="cast", to=F32),
+        helper.make_node("Reshape", ["big_f", "shape"], ["big_r"], name="reshape"),
+        helper.make_node("MatMul", ["x", "W"], ["a"], name="mm"),
+    ]
+    inits = [init("shape", np.array([2, 4], np.int64)), init("W", w(4, 4))]
+    inits.append(init("huge", np.full((2, 4), 3.395e38, np.float32)))  # beyond bf16's largest (3.39e38) too
+    x = "a"
+    for i in range(4):
+        inits.append(init(f"b{i}", w(2, 4)))
+        nodes.append(helper.make_node("Add", [x, f"b{i}" if i < 3 else "big_r"], [f"a{i}"], name=f"add{i}"))
+        x = f"a{i}"
+    branch_nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["t"], name="then_mm"),
+        helper.make_node("Add", ["t", "b0"], ["t0"], name="then_add0"),
+        helper.make_node("Add", ["t0", "huge"], ["t1"], name="then_add1"),
+    ]
+    then_g = helper.make_graph(branch_nodes, "then", [], [value("t1")])
+    else_g = helper.make_graph([helper.make_node("Identity", ["a3"], ["e"], name="else_id")], "else", [], [value("e")])
+    nodes.append(helper.make_node("If", ["cond"], ["y"], name="if", then_branch=then_g, else_branch=else_g))
+    m = model(nodes, [value("x"), value("cond", onnx.TensorProto.BOOL, [])], [value("y")], inits)
+    _, plan = convert(m, level="O2", dtype=dtype)
+    kept = {e.name for e in plan if e.rule == "safety-initializer-range"}
+    assert kept == ({"add3", "then_add1"} if dtype == "fp16" else {"then_add1"})
+    assert all(plan.by_name(f"add{i}").precision is Precision.LOW for i in range(3))
+    assert plan.by_name("then_add0", graph="if/then_branch").precision is Precision.LOW
+
+
 def test_safety_rules_keep_nothing_fp32_on_a_well_behaved_model():
     _, plan = convert(mm_chain(("Relu", "Neg")), level="O2")
     assert not [e for e in plan if e.rule.startswith("safety")]
@@ -859,3 +896,16 @@ def test_a_captured_value_is_cast_once_in_its_own_scope():
         for c2 in (True, False):
             feeds = {**x_feed(), "c1": np.array(c1), "c2": np.array(c2)}
             assert close(run(m, feeds)[0], run(out, feeds)[0])
+
+
+@pytest.mark.parametrize("to", [onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16])
+@pytest.mark.parametrize("length", [1, 127, 128, 20_000])
+def test_encoded_casts_are_the_bytes_onnx_serializes(to, length):
+    """New Casts are written as wire bytes (one parse adds thousands); they
+    must be exactly what onnx's helper builds, names of any length and
+    non-ASCII included (lengths from 128 bytes take a two-byte varint)."""
+    from amp_convert.rewrite import encoded_cast
+
+    source, target, name = "x" * length, "é" * length, "n" * (length + 1)
+    expected = helper.make_node("Cast", [source], [target], name=name, to=to).SerializeToString()
+    assert encoded_cast(source, target, to, name) == expected
