@@ -6,7 +6,7 @@ They run on a fresh index of the rewritten graphs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import onnx
@@ -57,13 +57,20 @@ class RemoveRedundantCasts:
 
     ``types`` maps tensor names to element types; the rewriter knows them,
     so the pass need not index the model again (it does when not given).
+
+    ``casts``, when the caller knows every Cast of the model as (source,
+    target, to), lets the pass see without a walk over the model that none
+    can be redundant (the usual outcome after the rewriter).
     """
 
-    def __init__(self, types: Mapping[str, int] | None = None):
+    def __init__(self, types: Mapping[str, int] | None = None, casts: Iterable[tuple[str, str, int]] | None = None):
         self.types = types
+        self.casts = casts
 
     def __call__(self, model: onnx.ModelProto) -> PassResult:
         types = self.types
+        if types is not None and self.casts is not None and not _may_be_redundant(self.casts, types):
+            return PassResult(model, False)
         if types is None:
             root = _index(model, model_opsets(model))
             types = {}
@@ -81,6 +88,23 @@ class RemoveRedundantCasts:
             step = _remove_unused_casts(model.graph, candidates, set())
             removed += step
         return PassResult(model, True, removed)
+
+
+def _may_be_redundant(casts: Iterable[tuple[str, str, int]], types: Mapping[str, int]) -> bool:
+    """Whether any Cast might be one the pass removes: the same tests as
+    :func:`_find_redundant`, by name alone, whatever graph each Cast is in
+    (so never a "no" where the pass would find one)."""
+    casts = list(casts)
+    writers: dict[str, list[tuple[str, int]]] = {}
+    for source, target, to in casts:
+        writers.setdefault(target, []).append((source, to))
+    for source, _, to in casts:
+        if types.get(source) == to:
+            return True
+        for origin, first_to in writers.get(source, ()):
+            if types.get(origin) == to and (to, first_to) in EXACT_WIDENINGS:
+                return True
+    return False
 
 
 def _find_redundant(
@@ -177,9 +201,12 @@ def count_casts(model: onnx.ModelProto) -> int:
     return _count_casts(model.graph)
 
 
-def clean_up(model: onnx.ModelProto, types: Mapping[str, int] | None = None) -> dict[str, int]:
-    """Run the clean-up passes; returns what each one did."""
+def clean_up(
+    model: onnx.ModelProto, types: Mapping[str, int] | None = None, casts: Iterable[tuple[str, str, int]] | None = None
+) -> dict[str, int]:
+    """Run the clean-up passes; returns what each one did. (``types`` and
+    ``casts``: see :class:`RemoveRedundantCasts`.)"""
     done = {}
-    for p in (RemoveRedundantCasts(types),):
+    for p in (RemoveRedundantCasts(types, casts),):
         done[type(p).__name__] = p(model).count
     return done

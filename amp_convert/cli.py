@@ -558,7 +558,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     passed = validation is None or validation.passed
     exit_code = EXIT_OK if passed else EXIT_TOLERANCE
     write = passed or kw["write_on_fail"]
-    measured = payload(result.model)
+    measured = payload(result.model, may_be_external=input_external)  # (the conversion makes no tensor external)
     size_after = measured.total
     if write:
         mode = kw["external_data"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -125,21 +125,30 @@ _TENSOR_ATTRIBUTE_OPS = frozenset({"Constant", "ConstantOfShape"})
 class Payload:
     """What a model's tensors weigh and where they live, from one walk."""
 
-    inline: int  # bytes of tensor data inside the protobuf
     external: int  # bytes of tensor data in external files
     files: frozenset[str]  # the external data files (locations)
     total: int  # size of the model saved as one file
+    serialized: bytes | None = field(default=None, repr=False)  # that file's bytes, when measuring made them
 
     @property
     def has_external(self) -> bool:
         return bool(self.files)
 
 
-def payload(model: onnx.ModelProto) -> Payload:
+def payload(model: onnx.ModelProto, *, may_be_external: bool = True) -> Payload:
     """Measure ``model``: its tensors' bytes (external ones included) and the
     size of it saved as one file. Measuring a protobuf message serializes
     it, so a model whose tensors alone pass a gigabyte is not measured: its
-    tensor bytes are the total (a lower bound, which is all a 2 GB test needs)."""
+    tensor bytes are the total (a lower bound, which is all a 2 GB test needs).
+    ``may_be_external=False``: the caller knows no tensor is external; the
+    model is serialized (no walk over its tensors), and the bytes kept for
+    writing it."""
+    if not may_be_external:
+        try:
+            serialized = model.SerializeToString()
+            return Payload(0, frozenset(), len(serialized), serialized)
+        except ValueError:  # over protobuf's 2 GiB: measured below
+            pass
     inline = external = 0
     files: set[str] = set()
     for t in all_tensors(model.graph):
@@ -150,7 +159,7 @@ def payload(model: onnx.ModelProto) -> Payload:
         else:
             inline += len(t.raw_data)
     total = inline + external if inline + external > 1 << 30 else model.ByteSize() + external
-    return Payload(inline, external, frozenset(files), total)
+    return Payload(external, frozenset(files), total)
 
 
 def has_external(model: onnx.ModelProto) -> bool:

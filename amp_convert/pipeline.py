@@ -177,7 +177,9 @@ def _convert(
         for c in ctx.walk():
             types.update(c.types)
         types.update(rewriter.retyped)
-        result.cleanup = clean_up(work, types)
+        # Every Cast: the input's (their sources are never rewritten) and the rewriter's.
+        casts = [(c.nodes[i].input[0], c.nodes[i].output[0], _cast_to(c.nodes[i])) for c in ctx.walk() for i in _cast_indexes(c)]
+        result.cleanup = clean_up(work, types, casts + rewriter.new_casts)
         # (the clean-up removes only Casts, and counts them)
         result.casts_after += result.stats.casts_inserted - sum(result.cleanup.values())
         timer.lap("cleanup")
@@ -195,6 +197,14 @@ def _convert(
     timer.lap("check")
     result.timings = timer.timings
     return result
+
+
+def _cast_indexes(ctx: GraphContext) -> list[int]:
+    return [i for i, op in enumerate(ctx.ops) if op == "Cast" and ctx.domains[i] in ("", "ai.onnx") and ctx.outs[i]]
+
+
+def _cast_to(node: onnx.NodeProto) -> int:
+    return next((a.i for a in node.attribute if a.name == "to"), 0)
 
 
 def _cast_count(root: GraphContext) -> int:

@@ -165,6 +165,16 @@ class Demand:
             return self.low.onnx_type if self.io_low else declared
         return self.low.onnx_type if ctx.output_names.index(name) in self.low_output_positions(ctx) else declared
 
+    def _reader_type(self, ctx: GraphContext, name: str, j: int, slot: int) -> int:
+        """The type node ``j`` needs ``name`` in, on its input ``slot`` (0: any)."""
+        agnostic = DTYPE_AGNOSTIC_INPUTS.get(ctx.ops[j])
+        if agnostic is not None and slot in agnostic and is_default_domain(ctx.domains[j]):
+            return 0
+        entry = self.plan.entries[ctx.path][j]
+        if entry.precision is Precision.LOW and slot in entry.low_inputs:
+            return self.low.onnx_type
+        return ctx.type_of(name)
+
     def low_output_positions(self, body: GraphContext) -> tuple[int, ...]:
         """Positions of a subgraph's outputs that its owner node hands on low."""
         owner = self.plan.entries.get(body.parent.path) if body.parent is not None else None
@@ -176,19 +186,13 @@ class Demand:
     def requirements(self, ctx: GraphContext, name: str) -> set[int]:
         """Element types that the readers of ``name`` in ``ctx`` (and in the
         subgraphs capturing it) need; dtype-agnostic reads need nothing."""
+        readers = ctx.consumers.get(name, ())
+        if len(readers) == 1 and name not in ctx.captured_by and name not in ctx.output_names:
+            want = self._reader_type(ctx, name, *readers[0])  # (most weights: one reader, nothing else)
+            return {want} if want else set()
         wants = set()
-        entries, ops, low, own_type = self.plan.entries[ctx.path], ctx.ops, self.low.onnx_type, None
-        for j, slot in ctx.consumers.get(name, ()):
-            agnostic = DTYPE_AGNOSTIC_INPUTS.get(ops[j])
-            if agnostic is not None and slot in agnostic and is_default_domain(ctx.domains[j]):
-                continue  # (reads any type)
-            entry = entries[j]
-            if entry.precision is Precision.LOW and slot in entry.low_inputs:
-                wants.add(low)
-            else:
-                if own_type is None:
-                    own_type = ctx.type_of(name)
-                wants.add(own_type)
+        for j, slot in readers:
+            wants.add(self._reader_type(ctx, name, j, slot))
         for j in ctx.captured_by.get(name, ()):
             for sub in ctx.subgraphs[j]:
                 wants |= self.requirements(sub, name)

@@ -187,6 +187,7 @@ class Rewriter:
         self.names = names
         self.stats = RewriteStats()
         self.retyped: dict[str, int] = {}  # every tensor whose type changed or that is new -> its type
+        self.new_casts: list[tuple[str, str, int]] = []  # (source, target, to) of every Cast it added
         self.base_dir = base_dir  # folder of the input's external data
         # name -> {element type: name of the tensor holding that version}, per scope
         self._versions: dict[str, dict[str, dict[int, str]]] = {}
@@ -216,8 +217,9 @@ class Rewriter:
                     versions[value.name] = {low: value.name}
                     changed[value.name] = low
         batch: list[onnx.TensorProto] = []
+        types = ctx.types
         for name, tensor in ctx.initializers.items():
-            if tensor.data_type != FLOAT:
+            if types.get(name) != FLOAT:  # (its data type, without reading the proto)
                 continue
             wants = self.demand.requirements(ctx, name)
             if wants == {low} and name not in ctx.input_set:  # (an initializer listed as an input keeps its declared type)
@@ -235,14 +237,23 @@ class Rewriter:
         lower_small_tensors(batch, self.low, self.stats)
 
         entries = self.plan.entries[ctx.path]
-        types, subgraphs, ops = ctx.types, ctx.subgraphs, ctx.ops
+        subgraphs, ops = ctx.subgraphs, ctx.ops
         output_producers = {ctx.producer[n] for n in ctx.output_names if n in ctx.producer}
         is_main = ctx.parent is None
         unchanged = Precision.UNCHANGED
+        retyped_names = changed.keys()  # (a live view)
         for i, inputs in enumerate(ctx.ins):
             entry = entries[i]
             if entry.precision is unchanged and not subgraphs:
                 continue  # no float32 tensor in, none out: every input is read as it is
+            if (
+                is_main
+                and entry.precision is not Precision.LOW
+                and retyped_names.isdisjoint(inputs)
+                and i not in output_producers
+                and i not in subgraphs
+            ):
+                continue  # runs in the types it reads, none of which changed
             low_inputs = entry.low_inputs if entry.precision is Precision.LOW else ()
             agnostic = DTYPE_AGNOSTIC_INPUTS.get(ops[i], ())
             for slot, name in enumerate(inputs):
@@ -376,6 +387,7 @@ class Rewriter:
 
     def _cast_node(self, source: str, target: str, to: int) -> bytes:
         self.retyped[target] = to
+        self.new_casts.append((source, target, to))
         return encoded_cast(source, target, to, self.names(f"{target}_cast"))
 
     # -------------------------------------------------------------- node body
@@ -439,7 +451,10 @@ def _place(ctx: GraphContext, top: list[bytes], after: dict[int, list[bytes]]) -
     new_positions = [-1.0] * len(top)
     encoded = list(top)
     for i, nodes in after.items():
-        new_positions.extend(i + k / (len(nodes) + 1) for k in range(1, len(nodes) + 1))
+        if len(nodes) == 1:
+            new_positions.append(i + 0.5)
+        else:
+            new_positions.extend(i + k / (len(nodes) + 1) for k in range(1, len(nodes) + 1))
         encoded.extend(nodes)
     ctx.graph.MergeFromString(b"".join(_NODE_FIELD + _varint(len(node)) + node for node in encoded))
     # Keyed by the Python objects' identity: ``ctx.nodes`` and ``appended`` keep them alive.

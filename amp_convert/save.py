@@ -208,7 +208,7 @@ def save_model(
                 "use --external-data auto or always; nothing was written"
             )
         with atomic_path(target) as tmp:
-            write_model_file(model, tmp)
+            write_model_file(model, tmp, measured.serialized)
             if before_commit is not None:
                 before_commit(tmp)
         return
@@ -219,11 +219,12 @@ def save_model(
             before_commit(stage / target.name)
 
 
-def write_model_file(model: onnx.ModelProto, path: Path) -> None:
+def write_model_file(model: onnx.ModelProto, path: Path, serialized: bytes | None = None) -> None:
     """Serialize ``model`` into one file (onnx.save would first walk every
-    node's attributes looking for external tensors)."""
+    node's attributes looking for external tensors); ``serialized``: its
+    bytes, when the caller has them already."""
     with open(path, "wb") as f:
-        f.write(model.SerializeToString())
+        f.write(model.SerializeToString() if serialized is None else serialized)
 
 
 @contextlib.contextmanager
