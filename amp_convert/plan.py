@@ -262,7 +262,7 @@ class Planner:
                 states[name] = NEUTRAL
         self._has_qdq = has_qdq = not {"DequantizeLinear", "QuantizeLinear"}.isdisjoint(ctx.ops)
         # Float32 input and output slots of every node, found once and shared by all rules.
-        self._float_slots = floats = [_float_slots(ctx, i) for i in range(len(ctx.nodes))]
+        self._float_slots = floats = _all_float_slots(ctx)
         pending: list[int] = []  # neutral follow nodes and sources, resolved backwards
         subgraphs = ctx.subgraphs
         path, nodes, ops, domains, ins, outs = ctx.path, ctx.nodes, ctx.ops, ctx.domains, ctx.ins, ctx.outs
@@ -331,6 +331,9 @@ class Planner:
         """Which data states reach node ``i`` (1: low, 2: fp32; bits), as the follow rule sees them."""
         states = self.states
         agnostic = DTYPE_AGNOSTIC_INPUTS.get(ctx.ops[i], ())
+        if not agnostic:
+            seen = set(map(states.get, ctx.ins[i]))
+            return (LOW in seen) | (F32 in seen) << 1
         seen = 0
         for slot, name in enumerate(ctx.ins[i]):
             if name and slot not in agnostic:
@@ -582,6 +585,24 @@ class Planner:
 
     def _is_float_data(self, t: int) -> bool:
         return t == FLOAT or t == self.low.onnx_type
+
+
+def _all_float_slots(ctx: GraphContext) -> list[tuple[tuple[int, ...], tuple[int, ...], bool]]:
+    """:func:`_float_slots` of every node. Nodes whose tensors all have
+    types in this graph share the answer per pattern of types (one lookup
+    where a graph repeats a few hundred patterns)."""
+    get = ctx.types.get
+    by_types: dict[tuple, tuple] = {}
+    slots = []
+    for i, (node_ins, node_outs) in enumerate(zip(ctx.ins, ctx.outs, strict=True)):
+        key = (tuple(map(get, node_ins)), tuple(map(get, node_outs)))
+        found = by_types.get(key)
+        if found is None:
+            found = _float_slots(ctx, i)
+            if None not in key[0] and None not in key[1]:  # (an absent, outer or untyped name: this node only)
+                by_types[key] = found
+        slots.append(found)
+    return slots
 
 
 def _float_slots(ctx: GraphContext, i: int) -> tuple[tuple[int, ...], tuple[int, ...], bool]:

@@ -110,13 +110,14 @@ class ConstantRanges:
             self._stats[key] = value_stats(constant_array(tensor, self.base_dir))
         return self._stats[key]
 
-    def prime(self, scope: str, initializers: dict[str, onnx.TensorProto], small: int = 4096) -> None:
-        """Statistics of all small raw float32 initializers in a few vectorised
-        passes (graphs with tens of thousands of small weights would otherwise
+    def prime(self, scope: str, initializers: dict[str, onnx.TensorProto], most: int = 1 << 16, chunk: int = 1 << 22) -> None:
+        """Statistics of the raw float32 initializers of up to ``most``
+        elements in a few vectorised passes over chunks of up to ``chunk``
+        elements (graphs with tens of thousands of weights would otherwise
         pay numpy's per-call overhead for each). Tensors with non-finite
         values are left to :meth:`stats`."""
-        names, arrays = [], []
-        known, limit = self._stats, small * 4
+        names, arrays, size = [], [], 0
+        known, limit = self._stats, most * 4
         for name, t in initializers.items():
             inline_float = t.data_type == onnx.TensorProto.FLOAT and t.data_location != onnx.TensorProto.EXTERNAL
             if inline_float and (scope, name) not in known:
@@ -124,8 +125,14 @@ class ConstantRanges:
                 if 0 < len(data) <= limit:
                     names.append(name)
                     arrays.append(np.frombuffer(data, dtype="<f4"))
-        if not arrays:
-            return
+                    size += arrays[-1].size
+                    if size >= chunk:
+                        self._prime_chunk(scope, names, arrays)
+                        names, arrays, size = [], [], 0
+        if arrays:
+            self._prime_chunk(scope, names, arrays)
+
+    def _prime_chunk(self, scope: str, names: list[str], arrays: list[np.ndarray]) -> None:
         sizes = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         flat = np.abs(np.concatenate(arrays))

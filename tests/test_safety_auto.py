@@ -101,12 +101,16 @@ def test_batched_constant_statistics_match_the_per_tensor_ones():
         "one": np.array([1e-30], np.float32),
         "inf": np.array([1.0, np.inf], np.float32),
     }
+    arrays |= {f"w{i}": rng.standard_normal(40 + i).astype(np.float32) for i in range(20)}
+    arrays["large"] = rng.standard_normal(300).astype(np.float32) * 1e5  # over ``most``: left to stats()
     tensors = {name: init(name, a) for name, a in arrays.items()}
-    ranges = ConstantRanges()
-    ranges.prime("", tensors)
-    for name, tensor in tensors.items():
-        assert ranges.stats("", name, tensor) == value_stats(arrays[name]), name
-    assert ranges.stats("", "tiny", tensors["tiny"]).underflow_fp16 == 3
+    for chunk in (1 << 22, 64):  # all in one pass; a pass every few tensors
+        ranges = ConstantRanges()
+        ranges.prime("", tensors, most=256, chunk=chunk)
+        assert ("", "large") not in ranges._stats and ("", "w3") in ranges._stats
+        for name, tensor in tensors.items():
+            assert ranges.stats("", name, tensor) == value_stats(arrays[name]), name
+        assert ranges.stats("", "tiny", tensors["tiny"]).underflow_fp16 == 3
 
 
 def test_clip_initializers_lowers_and_counts_instead_of_keeping_fp32():
