@@ -292,14 +292,16 @@ def check_input_model(model: onnx.ModelProto | bytes | str, label: str, *, full_
 # ----------------------------------------------------------- external data
 
 
-# How a TensorProto's data_location = EXTERNAL field is serialized (field 14, varint 1).
-_EXTERNAL_LOCATION_BYTES = bytes([14 << 3, onnx.TensorProto.EXTERNAL])
+# How an external tensor's "location" entry is serialized (StringStringEntryProto
+# key, field 1: length 8, "location"): every external tensor has one (the
+# checker refuses one without it).
+_LOCATION_KEY_BYTES = b"\x0a\x08location"
 
 
 def _external_tensors(model: onnx.ModelProto, data: bytes = b"") -> Iterator[onnx.TensorProto]:
-    """Tensors whose data is in external files. Serialized bytes without the
-    field's encoding hold none: the walk over every tensor is skipped."""
-    if data and _EXTERNAL_LOCATION_BYTES not in data:
+    """Tensors whose data is in external files. Serialized bytes without a
+    location entry hold none: the walk over every tensor is skipped."""
+    if data and _LOCATION_KEY_BYTES not in data:
         return
     for t in all_tensors(model.graph):
         if t.data_location == onnx.TensorProto.EXTERNAL:

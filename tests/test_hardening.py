@@ -301,7 +301,20 @@ def _ext_wrong_length(tmp: Path) -> Path:
     return path
 
 
+def _ext_no_location(tmp: Path) -> Path:
+    path = external_model(tmp / "m")
+    model = onnx.load(str(path), load_external_data=False)
+    for tensor in _tensors(model.graph):
+        kept = [(e.key, e.value) for e in tensor.external_data if e.key != "location"]
+        del tensor.external_data[:]
+        for key, value in kept:
+            tensor.external_data.add(key=key, value=value)
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
 EXTERNAL_DATA = {
+    "no-location": (_ext_no_location, "doesn't have a location"),
     "missing-file": (_ext_missing, "'weights.bin' of tensor"),
     "short-file": (_ext_short, "too short"),
     "parent-folder": (_ext_parent, "points outside the model's folder (../secret.bin); refused"),
