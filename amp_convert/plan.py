@@ -245,6 +245,7 @@ class Planner:
         if self.constants_rule:
             for c in ctx.walk():
                 self.ranges.prime(c.path, c.initializers)
+                self.ranges.prime(c.path, self.ranges.constant_values(c))
         self._plan_graph(ctx)
         return self.plan
 

@@ -209,6 +209,9 @@ class Rewriter:
         self._placements[ctx.path] = (top, after)
         changed: dict[str, int] = {}  # tensor -> new element type (for value_info)
         low = self.low.onnx_type
+        # Main-graph tensors that are low now (low from the start, or made low
+        # so far): a low node reading only these needs no Cast.
+        low_now = {name for name, t in ctx.types.items() if t == low} if ctx.parent is None else set()
 
         if ctx.parent is None and self.io_low:
             for value in ctx.graph.input:
@@ -216,6 +219,7 @@ class Rewriter:
                     value.type.tensor_type.elem_type = low
                     versions[value.name] = {low: value.name}
                     changed[value.name] = low
+                    low_now.add(value.name)
         batch: list[onnx.TensorProto] = []
         types = ctx.types
         for name, tensor in ctx.initializers.items():
@@ -231,6 +235,7 @@ class Rewriter:
                     lower_tensor(tensor, self.low, self.stats, base_dir=self.base_dir, values=known)
                 versions[name] = {low: name}
                 changed[name] = low
+                low_now.add(name)
                 self.stats.initializers_lowered += 1
             elif low in wants:
                 self.stats.initializers_shared += 1
@@ -256,7 +261,8 @@ class Rewriter:
                 continue  # runs in the types it reads, none of which changed
             low_inputs = entry.low_inputs if entry.precision is Precision.LOW else ()
             agnostic = DTYPE_AGNOSTIC_INPUTS.get(ops[i], ())
-            for slot, name in enumerate(inputs):
+            all_low = len(low_inputs) == len(inputs) and low_now.issuperset(inputs)  # (main graph only)
+            for slot, name in enumerate(() if all_low else inputs):
                 if not name or slot in agnostic:
                     continue
                 t = types.get(name) or ctx.type_of(name)
@@ -279,8 +285,9 @@ class Rewriter:
                 for k in entry.low_outputs:
                     versions[outs[k]] = {low: outs[k]}
                     changed[outs[k]] = low
+                    low_now.add(outs[k])
             if i in output_producers:
-                self._fix_graph_outputs(ctx, i, ctx.nodes[i], changed, after)
+                self._fix_graph_outputs(ctx, i, ctx.nodes[i], changed, low_now, after)
         if ctx.parent is not None:
             self._fix_passthrough_outputs(ctx, top, after)
             for k in self.demand.low_output_positions(ctx):  # handed on low by its If
@@ -316,7 +323,9 @@ class Rewriter:
             lower_small_tensors(tensors, self.low, self.stats, labels)
             self._constants.clear()
 
-    def _fix_graph_outputs(self, ctx: GraphContext, i: int, node: onnx.NodeProto, changed: dict, after: dict) -> None:
+    def _fix_graph_outputs(
+        self, ctx: GraphContext, i: int, node: onnx.NodeProto, changed: dict, low_now: set, after: dict
+    ) -> None:
         """A graph output whose producer now writes another type keeps its
         name and type: the producer writes a renamed tensor, a Cast the output."""
         for k, name in enumerate(node.output):
@@ -329,6 +338,9 @@ class Rewriter:
             renamed = self.names(f"{name}_{_short(current)}")
             node.output[k] = renamed
             changed[renamed], changed[name] = current, wanted
+            low_now.discard(name)
+            if current == self.low.onnx_type:
+                low_now.add(renamed)
             after.setdefault(i, []).append(self._cast_node(renamed, name, wanted))
             self._versions[ctx.path][name] = {current: renamed, wanted: name}
             self.stats.outputs_renamed.append(name)

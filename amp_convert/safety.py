@@ -149,6 +149,19 @@ class ConstantRanges:
             if ok:
                 self._stats[scope, name] = ValueStats(size, high, n_nonzero, under_fp16, under_bf16, 0)
 
+    @staticmethod
+    def constant_values(ctx: GraphContext) -> dict[str, onnx.TensorProto]:
+        """The tensors Constant nodes of ``ctx`` hold in a ``value``
+        attribute, by output name (what :meth:`prime` can take with the
+        initializers; other Constant forms are judged one by one)."""
+        values = {}
+        for i, op in enumerate(ctx.ops):
+            if op == "Constant" and ctx.outs[i]:
+                for a in ctx.nodes[i].attribute:
+                    if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                        values[ctx.outs[i][0]] = a.t
+        return values
+
     def constant_behind(self, ctx: GraphContext, name: str) -> tuple[str, str, onnx.TensorProto] | None:
         """The constant whose values reach tensor ``name`` unchanged, if any:
         (path of the graph defining it, its name, its tensor)."""
@@ -211,7 +224,13 @@ class ConstantRanges:
                 if s is None or s.abs_max > low.max or s.underflow(low):
                     names.add(name)
             for op, node_ins, outs in zip(ctx.ops, ctx.ins, ctx.outs, strict=True):
-                if op in _CONSTANT_CARRIERS and (op in _CONSTANT_OPS or (node_ins and node_ins[0] in names)):
+                if op not in _CONSTANT_CARRIERS:
+                    continue
+                if op == "Constant":  # (primed like an initializer: see constant_values)
+                    s = stats.get((path, outs[0])) if outs else None
+                    if s is None or s.abs_max > low.max or s.underflow(low):
+                        names.update(outs)
+                elif op == "ConstantOfShape" or (node_ins and node_ins[0] in names):
                     names.update(outs)
             types = ctx.types
             found = self._suspects[key] = frozenset(n for n in names if types.get(n, onnx.TensorProto.FLOAT) in _MAYBE_FLOAT)
@@ -237,7 +256,6 @@ class ConstantRanges:
 
 
 _UNJUDGED = object()
-_CONSTANT_OPS = frozenset({"Constant", "ConstantOfShape"})
 _MAYBE_FLOAT = frozenset({onnx.TensorProto.FLOAT, 0})
 
 
