@@ -69,19 +69,30 @@ class BackgroundCheck:
     Used where nothing but the converter's own Python code touches the model
     before the verdict: no onnxruntime session, nothing written."""
 
-    def __init__(self, source: bytes | str, label: str) -> None:
-        self._source, self._label = source, label
-        self._read_end, write_end = os.pipe()
-        with warnings.catch_warnings():  # (3.12+ warns of fork with threads: numpy's idle BLAS pool here)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            self._pid = os.fork()
-        if self._pid == 0:  # the child: check, write the verdict, leave without running any cleanup
+    def __init__(self, pid: int, read_end: int, path: Path) -> None:
+        self._pid, self._read_end, self._path = pid, read_end, path
+        self._verdict: AmpError | bool | None = False  # False: not yet known
+
+    @classmethod
+    def start(cls, source: bytes | str, path: Path) -> BackgroundCheck | None:
+        """Check ``source`` (the file's bytes, or its path) in a child; None
+        when no child can be made (the caller checks it itself)."""
+        read_end, write_end = os.pipe()
+        try:
+            with warnings.catch_warnings():  # (3.12+ warns of fork with threads: numpy's idle BLAS pool here)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+        except OSError:  # (out of memory or processes)
+            os.close(read_end)
+            os.close(write_end)
+            return None
+        if pid == 0:  # the child: check, write the verdict, leave without running any cleanup
             try:
-                os.close(self._read_end)
+                os.close(read_end)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 try:
-                    check_input_model(source, label)
+                    check_input_model(source, str(path))
                     verdict = b"ok"
                 except AmpError as e:
                     verdict = str(e).encode("utf-8", "replace")
@@ -91,7 +102,7 @@ class BackgroundCheck:
             finally:
                 os._exit(0)
         os.close(write_end)
-        self._verdict: AmpError | bool | None = False  # False: not yet known
+        return cls(pid, read_end, path)
 
     def wait(self) -> None:
         """Block until the checker is done; raise its AmpError if the input fails it."""
@@ -99,15 +110,14 @@ class BackgroundCheck:
             with open(self._read_end, "rb") as pipe:
                 text = pipe.read()
             _, status = os.waitpid(self._pid, 0)
-            if not (os.WIFEXITED(status) and text):  # the child died (out of memory?): check here instead
+            if not (os.WIFEXITED(status) and text):  # the child died (out of memory?): check the file here
                 try:
-                    check_input_model(self._source, self._label)
+                    check_input_model(str(self._path), str(self._path))
                     self._verdict = None
                 except AmpError as e:
                     self._verdict = e
             else:
                 self._verdict = None if text == b"ok" else AmpError(text.decode("utf-8", "replace"))
-            self._source = b""
         if self._verdict is not None:
             raise self._verdict
 
@@ -176,8 +186,8 @@ def read_model(path: str | os.PathLike, *, lazy_external: bool = False, backgrou
         _check_external_data(external, p)
     check = None
     if background and (lazy_external or not external) and len(data) >= BACKGROUND_CHECK_BYTES and _can_fork():
-        check = BackgroundCheck(source, str(p))
-    else:
+        check = BackgroundCheck.start(source, p)
+    if check is None:
         check_input_model(source, str(p))
         if external and not lazy_external:
             _load_external_data(model, external, p)

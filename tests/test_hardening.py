@@ -530,6 +530,21 @@ def test_large_bad_input_is_refused_by_the_api_and_leaves_no_child(tmp_path, cas
         os.waitpid(-1, os.WNOHANG)
 
 
+def test_a_checker_child_that_dies_without_a_verdict_is_replaced_by_checking_the_file(tmp_path):
+    """If the child dies (out of memory, killed), the parent checks the file itself."""
+    from amp_convert.load import BackgroundCheck
+
+    nodes, fragment = LARGE_BAD_INPUTS["undefined-tensor"]
+    path = _save(tmp_path, _model(nodes))
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)  # a child that says nothing
+    os.close(write_end)
+    with pytest.raises(AmpError, match=fragment):
+        BackgroundCheck(pid, read_end, path).wait()
+
+
 def test_large_valid_input_checked_beside_the_conversion_converts(tmp_path):
     from amp_convert.load import read_model
 
