@@ -558,7 +558,10 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     passed = validation is None or validation.passed
     exit_code = EXIT_OK if passed else EXIT_TOLERANCE
     write = passed or kw["write_on_fail"]
-    measured = payload(result.model, may_be_external=input_external)  # (the conversion makes no tensor external)
+    # The conversion makes no tensor external: a model read without any is
+    # serialized once, here, and those bytes are written if it is one file.
+    one_file = write and not input_external and kw["external_data"] != "always"
+    measured = payload(result.model, may_be_external=not one_file)
     size_after = measured.total
     if write:
         mode = kw["external_data"]

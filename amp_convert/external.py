@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from google.protobuf.message import EncodeError
 from onnx import helper
 
 from .graph import GRAPH_OPS, node_subgraphs
@@ -147,7 +148,7 @@ def payload(model: onnx.ModelProto, *, may_be_external: bool = True) -> Payload:
         try:
             serialized = model.SerializeToString()
             return Payload(0, frozenset(), len(serialized), serialized)
-        except ValueError:  # over protobuf's 2 GiB: measured below
+        except (ValueError, EncodeError):  # over protobuf's 2 GiB: measured below
             pass
     inline = external = 0
     files: set[str] = set()

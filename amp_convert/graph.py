@@ -121,11 +121,15 @@ def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext |
     ]
     producer.pop("", None)
     _check_utf8(ctx, ops)
+    labels: set[str] = set()
     for i in containers:
         node = ctx.nodes[i]
         if not any(a.type in SUBGRAPH_ATTRIBUTE_TYPES for a in node.attribute):
             continue
         label = node.name or f"{node.op_type}_{i}"
+        while label in labels:  # (two nodes of one name: each body needs a path of its own)
+            label = f"{label}#{i}"
+        labels.add(label)
         subs = []
         for attr_name, g in node_subgraphs(node):
             sub = build_context(g, f"{path}/{label}/{attr_name}" if path else f"{label}/{attr_name}", ctx, i)

@@ -91,6 +91,7 @@ class BackgroundCheck:
                 os.close(read_end)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                _die_with_parent()
                 try:
                     check_input_model(source, str(path))
                     verdict = b"ok"
@@ -107,10 +108,18 @@ class BackgroundCheck:
     def wait(self) -> None:
         """Block until the checker is done; raise its AmpError if the input fails it."""
         if self._verdict is False:
-            with open(self._read_end, "rb") as pipe:
-                text = pipe.read()
-            _, status = os.waitpid(self._pid, 0)
-            if not (os.WIFEXITED(status) and text):  # the child died (out of memory?): check the file here
+            try:
+                with open(self._read_end, "rb", closefd=False) as pipe:
+                    text = pipe.read()
+                try:
+                    exited = os.WIFEXITED(os.waitpid(self._pid, 0)[1])
+                except ChildProcessError:  # (SIGCHLD ignored: the system reaped it; a whole verdict came through)
+                    exited = True
+            except BaseException:  # interrupted while waiting: leave no child behind
+                self.cancel()
+                raise
+            os.close(self._read_end)
+            if not (exited and text):  # the child died (out of memory?): check the file here
                 try:
                     check_input_model(str(self._path), str(self._path))
                     self._verdict = None
@@ -132,8 +141,19 @@ class BackgroundCheck:
             self._verdict = None
 
 
-# Below this many bytes of model the checker takes a few milliseconds: not worth a process.
+def _die_with_parent() -> None:
+    """Linux: the checker child is killed with its parent (SIGKILL leaves no orphan)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+# Below this many bytes of model the checker takes a few milliseconds: not worth
+# a process. Above the second, the child's own copy of the model costs more
+# memory than the time it saves is worth (conversion is then mostly tensor work).
 BACKGROUND_CHECK_BYTES = 4 << 20
+BACKGROUND_CHECK_MAX_BYTES = 256 << 20
 
 
 @dataclass
@@ -185,7 +205,8 @@ def read_model(path: str | os.PathLike, *, lazy_external: bool = False, backgrou
     if external:
         _check_external_data(external, p)
     check = None
-    if background and (lazy_external or not external) and len(data) >= BACKGROUND_CHECK_BYTES and _can_fork():
+    sized = BACKGROUND_CHECK_BYTES <= len(data) <= BACKGROUND_CHECK_MAX_BYTES
+    if background and (lazy_external or not external) and sized and _can_fork():
         check = BackgroundCheck.start(source, p)
     if check is None:
         check_input_model(source, str(p))

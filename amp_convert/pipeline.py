@@ -22,7 +22,7 @@ from .cleanup import clean_up, count_casts
 from .errors import ConversionError
 from .external import has_external, is_external
 from .graph import GraphContext, NameGenerator, build_context, tensor_names
-from .load import LoadedModel, check_input_model, check_versions, read_model
+from .load import check_input_model, check_versions, load_model
 from .opset import check_target_opset, upgrade_opset
 from .options import ConvertOptions
 from .plan import Plan, make_plan
@@ -70,18 +70,19 @@ class _Timer:
             self.on_stage(stage)
 
 
-def load_input(model: onnx.ModelProto | str | os.PathLike) -> LoadedModel:
+def load_input(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
     """A private copy of the input: the caller's model (or file) is never changed.
-    A large file is checked in the background (see ``LoadedModel.checked``)."""
+    (Checked here, not in a child process: the caller's process may run
+    threads that a fork would not take along.)"""
     if isinstance(model, onnx.ModelProto):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         check_versions(copy, "model")
-        if not has_external(copy):  # (external data is checked where it is read: by read_model)
+        if not has_external(copy):  # (external data is checked where it is read: by load_model)
             check_input_model(copy, "model")
-        return LoadedModel(copy, frozenset())
+        return copy
     if isinstance(model, (str, os.PathLike)):
-        return read_model(model, background=True)
+        return load_model(model)
     raise TypeError(f"expected an onnx.ModelProto or a path to an .onnx file, got {type(model).__name__}")
 
 
@@ -131,11 +132,8 @@ def convert(
     base_dir = Path(external_dir) if external_dir is not None else None
     timer = _Timer(on_stage)
     with _no_cyclic_gc():
-        if in_place and isinstance(model, onnx.ModelProto):
-            return _convert(model, model, options, check, calibration, in_place, base_dir, timer)
-        loaded = load_input(model)
-        with loaded.checked():
-            return _convert(model, loaded.model, options, check, calibration, in_place, base_dir, timer)
+        work = model if in_place and isinstance(model, onnx.ModelProto) else load_input(model)
+        return _convert(model, work, options, check, calibration, in_place, base_dir, timer)
 
 
 def _convert(
@@ -200,7 +198,7 @@ def _convert(
 
 
 def _cast_indexes(ctx: GraphContext) -> list[int]:
-    return [i for i, op in enumerate(ctx.ops) if op == "Cast" and ctx.domains[i] in ("", "ai.onnx") and ctx.outs[i]]
+    return [i for i, op in enumerate(ctx.ops) if op == "Cast" and ctx.domains[i] in ("", "ai.onnx")]
 
 
 def _cast_to(node: onnx.NodeProto) -> int:
@@ -208,8 +206,9 @@ def _cast_to(node: onnx.NodeProto) -> int:
 
 
 def _cast_count(root: GraphContext) -> int:
-    """Cast nodes in the indexed graphs (the rewriter and clean-up report their changes to it)."""
-    return sum(c.ops.count("Cast") for c in root.walk())
+    """ONNX Cast nodes in the indexed graphs, as :func:`count_casts` counts
+    them (the rewriter and the clean-up report their changes to it)."""
+    return sum(len(_cast_indexes(c)) for c in root.walk())
 
 
 def _tuples(values: dict) -> dict:

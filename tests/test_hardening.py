@@ -522,12 +522,30 @@ def test_large_bad_input_is_refused_whether_checked_beside_the_conversion_or_fir
 
 @pytest.mark.parametrize("case", sorted(LARGE_BAD_INPUTS))
 def test_large_bad_input_is_refused_by_the_api_and_leaves_no_child(tmp_path, case):
+    """The API checks in process (a host's threads would not survive a fork)."""
     nodes, fragment = LARGE_BAD_INPUTS[case]
     model = _save(tmp_path, _large(nodes))
     with pytest.raises(AmpError, match=fragment):
         convert(model, level="O2")
     with pytest.raises(ChildProcessError):  # the checker's process was waited for
         os.waitpid(-1, os.WNOHANG)
+
+
+def test_checked_beside_the_conversion_also_when_sigchld_is_ignored(tmp_path):
+    """A parent that ignores SIGCHLD hands that on: the system then reaps the
+    checker child itself, and its verdict must still count."""
+    good = _large([helper.make_node("Relu", ["x"], ["y"])])
+    bad_nodes, fragment = LARGE_BAD_INPUTS["undefined-tensor"]
+    ignore = lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # noqa: E731
+    for built, code in ((good, 0), (_large(bad_nodes), 2)):
+        path = _save(tmp_path, built, f"model{code}.onnx")
+        out = tmp_path / f"out{code}.onnx"
+        args = [str(EXE), str(path), "-o", str(out), "--no-validate"]
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=300, preexec_fn=ignore)
+        assert proc.returncode == code, proc.stderr
+        assert out.exists() == (code == 0)
+        if code:
+            assert fragment in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_a_checker_child_that_dies_without_a_verdict_is_replaced_by_checking_the_file(tmp_path):

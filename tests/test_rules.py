@@ -15,6 +15,7 @@ from helpers import BF16, F16, F32, I64, attr, casts_into, elem_types, init, ini
 from onnx import helper
 
 from amp_convert import ConvertOptions, Precision, convert
+from amp_convert.cleanup import count_casts
 
 RNG = np.random.default_rng(0)
 
@@ -230,6 +231,24 @@ def test_custom_domain_ops_are_fp32_unless_listed():
     out2, plan2 = convert(m, level="O3", white_list=["com.example::MyOp"])
     assert plan2.by_name("custom").precision is Precision.LOW
     assert not casts_into(out2, "h")
+
+
+def test_a_custom_domain_op_named_cast_is_not_counted_as_a_cast_and_its_body_is():
+    body = helper.make_graph(
+        [helper.make_node("Cast", ["h"], ["h16"], name="inner_cast", to=F16)], "body", [], [value("h16", F16)]
+    )
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("Cast", ["h"], ["y"], name="not_onnx_cast", domain="com.example", body=body),
+    ]
+    m = helper.make_model(
+        helper.make_graph(nodes, "g", [value("x")], [value("y")], [init("W", w(4, 4))]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)],
+    )
+    m.ir_version = 8
+    result = convert(m, level="O3")
+    assert (count_casts(m), result.casts_before) == (1, 1)  # the one in the body
+    assert result.casts_after == count_casts(result.model)
 
 
 def test_listed_custom_op_without_declared_output_type_is_converted_and_its_output_declared():
@@ -457,6 +476,31 @@ def test_safety_rule_judges_each_node_of_a_repeated_kind_on_its_own_constants(dt
     assert kept == ({"add3", "then_add1"} if dtype == "fp16" else {"then_add1"})
     assert all(plan.by_name(f"add{i}").precision is Precision.LOW for i in range(3))
     assert plan.by_name("then_add0", graph="if/then_branch").precision is Precision.LOW
+
+
+def test_two_control_flow_nodes_of_one_name_get_a_plan_and_safety_rule_each():
+    """Node names need not be unique: each body gets a path of its own, so
+    neither its plan nor its constants' statistics are taken for the other's."""
+
+    def branch(weight: str, tag: str) -> onnx.GraphProto:
+        nodes = [
+            helper.make_node("MatMul", ["x", "W"], [f"m_{tag}"], name=f"mm_{tag}"),
+            helper.make_node("Add", [f"m_{tag}", weight], [f"o_{tag}"], name=f"add_{tag}"),
+        ]
+        return helper.make_graph(nodes, f"b_{tag}", [], [value(f"o_{tag}")])
+
+    nodes = [
+        helper.make_node("If", ["cond"], [f"y{k}"], name="cond_if", then_branch=branch(w_, a), else_branch=branch(w_, b))
+        for k, (w_, a, b) in enumerate((("small", "a", "b"), ("big", "c", "d")), 1)
+    ]
+    inits = [init("W", w(4, 4)), init("small", w(2, 4)), init("big", np.full((2, 4), 1e6, np.float32))]
+    m = model(nodes, [value("x"), value("cond", onnx.TensorProto.BOOL, [])], [value("y1"), value("y2")], inits)
+    _, plan = convert(m, level="O2")
+    paths = [p for p in plan.entries if p]
+    assert len(paths) == 4 and len(set(paths)) == 4
+    by_name = {e.name: e for e in plan}
+    assert by_name["add_a"].precision is Precision.LOW and by_name["add_b"].precision is Precision.LOW
+    assert by_name["add_c"].rule == by_name["add_d"].rule == "safety-initializer-range"
 
 
 def test_safety_rules_keep_nothing_fp32_on_a_well_behaved_model():
