@@ -268,10 +268,11 @@ class Planner:
         subgraphs = ctx.subgraphs
         path, nodes, ops, domains, ins, outs = ctx.path, ctx.nodes, ctx.ops, ctx.domains, ctx.ins, ctx.outs
         low_type = self.low.onnx_type
-        # Without node-name rules, QDQ context or calibration, a node's whole
-        # forward outcome depends only on its kind and on which states reach
-        # it: it is worked out once per such pair and reused (the safety rule
-        # on constants still looks at each node's own inputs).
+        # Without node-name rules or QDQ context, a node's whole forward
+        # outcome depends only on its kind and on which states reach it: it
+        # is worked out once per such pair (by the rules below the fast path)
+        # and reused, inline (this loop runs once per node). The safety rules
+        # still look at each node's own inputs.
         reuse = self._by_kind and not has_qdq
         outcomes = self._outcomes
         # Names whose constant values the safety rule must look at (the data-range rule looks at every node).
@@ -299,7 +300,7 @@ class Planner:
                             pending.append(i)
                         if precision is not Precision.LOW:
                             low_outputs = ()
-                        for k, name in enumerate(outs[i]):
+                        for k, name in enumerate(outs[i]):  # (as _record_output_states)
                             t = types.get(name, 0) if name else 0
                             if t in (FLOAT, low_type):
                                 states[name] = NEUTRAL if neutral else LOW if t != FLOAT or k in low_outputs else F32
