@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import TensorProto
 
-from .graph import GRAPH_OPS, GraphContext, build_context, node_subgraphs
+from .graph import GRAPH_OPS, GraphContext, build_context, cast_to, node_subgraphs
 from .schema import model_opsets
 from .typeinfo import infer_types
 
@@ -33,13 +33,6 @@ class PassResult:
     model: onnx.ModelProto
     modified: bool
     count: int = 0  # what the pass removed or changed
-
-
-def _cast_to(node: onnx.NodeProto) -> int:
-    for a in node.attribute:
-        if a.name == "to":
-            return a.i
-    return 0
 
 
 def _index(model: onnx.ModelProto, opsets: dict[str, int]) -> GraphContext:
@@ -90,6 +83,16 @@ class RemoveRedundantCasts:
         return PassResult(model, True, removed)
 
 
+def indexed_casts(root: GraphContext) -> list[onnx.NodeProto]:
+    """The ONNX Cast nodes of the indexed graphs, as :func:`count_casts` counts them."""
+    return [c.nodes[i] for c in root.walk() for i, op in enumerate(c.ops) if op == "Cast" and c.domains[i] in ("", "ai.onnx")]
+
+
+def cast_triples(casts: Iterable[onnx.NodeProto]) -> list[tuple[str, str, int]]:
+    """(source, target, to) of Cast nodes, as they are now (for ``RemoveRedundantCasts(casts=...)``)."""
+    return [(node.input[0], node.output[0], cast_to(node)) for node in casts]
+
+
 def _may_be_redundant(casts: Iterable[tuple[str, str, int]], types: Mapping[str, int]) -> bool:
     """Whether any Cast might be one the pass removes: the same tests as
     :func:`_find_redundant`, by name alone, whatever graph each Cast is in
@@ -124,7 +127,7 @@ def _find_redundant(
                 for sub in _bodies(node):
                     _find_redundant(sub, types, casts, renames, candidates)
             continue
-        source, out, to = node.input[0], node.output[0], _cast_to(node)
+        source, out, to = node.input[0], node.output[0], cast_to(node)
         casts[out] = node
         if out in outputs:
             continue
@@ -134,7 +137,7 @@ def _find_redundant(
         first = casts.get(source)
         if first is not None:
             origin = first.input[0]
-            if types.get(origin) == to and (to, _cast_to(first)) in EXACT_WIDENINGS:
+            if types.get(origin) == to and (to, cast_to(first)) in EXACT_WIDENINGS:
                 renames[out] = origin
                 candidates.add(source)
 

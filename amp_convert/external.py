@@ -64,6 +64,11 @@ def element_count(tensor: onnx.TensorProto) -> int:
     return count
 
 
+def _value_bytes(tensor: onnx.TensorProto) -> int:
+    """Bytes a tensor's values take in its (fixed-size) element type."""
+    return element_count(tensor) * _np_dtype(tensor.data_type).itemsize
+
+
 def read_array(tensor: onnx.TensorProto, base_dir: str | os.PathLike) -> np.ndarray:
     """The values of an external tensor, mapped from its file segment (read
     only), converted to the tensor's type if it was retyped."""
@@ -228,23 +233,19 @@ def _large(tensor: onnx.TensorProto) -> bool:
     """Whether an inline tensor reaches INLINE_BELOW bytes (ByteSize would
     serialize it, raw_data would copy it: both cost on big weights)."""
     if tensor.HasField("raw_data"):
-        return element_count(tensor) * _np_dtype(tensor.data_type).itemsize >= INLINE_BELOW
+        return _value_bytes(tensor) >= INLINE_BELOW
     return tensor.ByteSize() >= INLINE_BELOW
 
 
 def _written_length(tensor: onnx.TensorProto, info: dict[str, str]) -> int:
     """Bytes the tensor takes once written: converted ones in their new type."""
-    if STORED_TYPE in info:
-        return element_count(tensor) * _np_dtype(tensor.data_type).itemsize
-    return _data_length(tensor, info)
+    return _value_bytes(tensor) if STORED_TYPE in info else _data_length(tensor, info)
 
 
 def _data_length(tensor: onnx.TensorProto, info: dict[str, str]) -> int:
     """Bytes of an external tensor: its ``length`` entry, which is optional;
     else what its shape and type hold."""
-    if info.get("length"):
-        return int(info["length"])
-    return element_count(tensor) * _np_dtype(tensor.data_type).itemsize
+    return int(info["length"]) if info.get("length") else _value_bytes(tensor)
 
 
 def _pad(out) -> int:

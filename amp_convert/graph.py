@@ -81,6 +81,14 @@ class GraphContext:
                 yield from sub.walk()
 
 
+def cast_to(node: onnx.NodeProto) -> int:
+    """The element type a Cast node converts to (0 if it says none)."""
+    for a in node.attribute:
+        if a.name == "to":
+            return a.i
+    return 0
+
+
 def node_subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
     for attr in node.attribute:
         if attr.type == onnx.AttributeProto.GRAPH:

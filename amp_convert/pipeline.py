@@ -18,10 +18,10 @@ import onnx
 
 from .calibrate import Calibration
 from .check import CHECK_MODES, check_converted
-from .cleanup import clean_up, count_casts
+from .cleanup import cast_triples, clean_up, count_casts, indexed_casts
 from .errors import ConversionError
 from .external import has_external, is_external
-from .graph import GraphContext, NameGenerator, build_context, tensor_names
+from .graph import NameGenerator, build_context, tensor_names
 from .load import check_input_model, check_versions, load_model
 from .opset import check_target_opset, upgrade_opset
 from .options import ConvertOptions
@@ -130,15 +130,12 @@ def convert(
         raise ValueError(f"check must be one of {', '.join(CHECK_MODES)}, not {check!r}")
     options = (options or ConvertOptions(**_tuples(option_values))).validated()
     base_dir = Path(external_dir) if external_dir is not None else None
-    timer = _Timer(on_stage)
     with _no_cyclic_gc():
-        work = model if in_place and isinstance(model, onnx.ModelProto) else load_input(model)
-        return _convert(model, work, options, check, calibration, in_place, base_dir, timer)
+        return _convert(model, options, check, calibration, in_place, base_dir, _Timer(on_stage))
 
 
 def _convert(
     model,
-    work: onnx.ModelProto,
     options: ConvertOptions,
     check: str,
     calibration: Calibration | None,
@@ -146,6 +143,7 @@ def _convert(
     base_dir: Path | None,
     timer: _Timer,
 ) -> ConversionResult:
+    work = model if in_place and isinstance(model, onnx.ModelProto) else load_input(model)
     timer.lap("load")
     notes = []
     check_target_opset(work, options.target_opset)
@@ -156,7 +154,8 @@ def _convert(
         notes.append(note + (f" ({options.low.name} Casts need it)" if target > (options.target_opset or 0) else ""))
         timer.lap("upgrade")
     ctx = build_context(work.graph)
-    casts_before = _cast_count(ctx) if work is given else count_casts(given)
+    input_casts = indexed_casts(ctx)
+    casts_before = len(input_casts) if work is given else count_casts(given)
     timer.lap("index")
     infer_types(ctx, model_opsets(work), assume_float=frozenset(k for k in options.op_lists().white if "::" in k))
     timer.lap("types")
@@ -166,7 +165,7 @@ def _convert(
     plan = make_plan(work, ctx, options, ranges, calibration)
     plan.notes[:0] = notes
     timer.lap("plan")
-    result = ConversionResult(work, plan, options, casts_before=casts_before, casts_after=_cast_count(ctx))
+    result = ConversionResult(work, plan, options, casts_before=casts_before, casts_after=len(input_casts))
     if options.effective_level != "O0":
         rewriter = Rewriter(plan, options.low, options.io_types, NameGenerator(tensor_names(ctx)), base_dir, ranges)
         result.stats = rewriter.run(ctx)
@@ -175,9 +174,8 @@ def _convert(
         for c in ctx.walk():
             types.update(c.types)
         types.update(rewriter.retyped)
-        # Every Cast: the input's (their sources are never rewritten) and the rewriter's.
-        casts = [(c.nodes[i].input[0], c.nodes[i].output[0], _cast_to(c.nodes[i])) for c in ctx.walk() for i in _cast_indexes(c)]
-        result.cleanup = clean_up(work, types, casts + rewriter.new_casts)
+        # (the input's Casts read after the rewrite: it may retarget or rename them)
+        result.cleanup = clean_up(work, types, cast_triples(input_casts) + rewriter.new_casts)
         # (the clean-up removes only Casts, and counts them)
         result.casts_after += result.stats.casts_inserted - sum(result.cleanup.values())
         timer.lap("cleanup")
@@ -195,20 +193,6 @@ def _convert(
     timer.lap("check")
     result.timings = timer.timings
     return result
-
-
-def _cast_indexes(ctx: GraphContext) -> list[int]:
-    return [i for i, op in enumerate(ctx.ops) if op == "Cast" and ctx.domains[i] in ("", "ai.onnx")]
-
-
-def _cast_to(node: onnx.NodeProto) -> int:
-    return next((a.i for a in node.attribute if a.name == "to"), 0)
-
-
-def _cast_count(root: GraphContext) -> int:
-    """ONNX Cast nodes in the indexed graphs, as :func:`count_casts` counts
-    them (the rewriter and the clean-up report their changes to it)."""
-    return sum(len(_cast_indexes(c)) for c in root.walk())
 
 
 def _tuples(values: dict) -> dict:

@@ -37,7 +37,7 @@ import onnx
 from .calibrate import Calibration
 from .dtypes import FLOAT, LowDtype
 from .errors import AmpError
-from .graph import GraphContext
+from .graph import GraphContext, cast_to
 from .lists import (
     CONTROL_FLOW_OPS,
     DTYPE_AGNOSTIC_INPUTS,
@@ -142,6 +142,7 @@ _NODE_RULES = frozenset({"safety-initializer-range", "safety-data-range"})
 # Data precision of a tensor while planning.
 LOW, F32, NEUTRAL = "low", "fp32", "neutral"
 _FIXED, _FOLLOW, _SOURCE = "fixed", "follow", "source"  # states of the forward pass (the last two provisional)
+_SEEN_LOW, _SEEN_F32 = 1, 2  # which data states reach a node (bits)
 
 
 class Demand:
@@ -186,13 +187,7 @@ class Demand:
     def requirements(self, ctx: GraphContext, name: str) -> set[int]:
         """Element types that the readers of ``name`` in ``ctx`` (and in the
         subgraphs capturing it) need; dtype-agnostic reads need nothing."""
-        readers = ctx.consumers.get(name, ())
-        if len(readers) == 1 and name not in ctx.captured_by and name not in ctx.output_names:
-            want = self._reader_type(ctx, name, *readers[0])  # (most weights: one reader, nothing else)
-            return {want} if want else set()
-        wants = set()
-        for j, slot in readers:
-            wants.add(self._reader_type(ctx, name, j, slot))
+        wants = {self._reader_type(ctx, name, j, slot) for j, slot in ctx.consumers.get(name, ())}
         for j in ctx.captured_by.get(name, ()):
             for sub in ctx.subgraphs[j]:
                 wants |= self.requirements(sub, name)
@@ -266,8 +261,7 @@ class Planner:
         self._float_slots = floats = _all_float_slots(ctx)
         pending: list[int] = []  # neutral follow nodes and sources, resolved backwards
         subgraphs = ctx.subgraphs
-        path, nodes, ops, domains, ins, outs = ctx.path, ctx.nodes, ctx.ops, ctx.domains, ctx.ins, ctx.outs
-        low_type = self.low.onnx_type
+        path, nodes, ops, domains, ins = ctx.path, ctx.nodes, ctx.ops, ctx.domains, ctx.ins
         # Without node-name rules or QDQ context, a node's whole forward
         # outcome depends only on its kind and on which states reach it: it
         # is worked out once per such pair (by the rules below the fast path)
@@ -298,12 +292,7 @@ class Planner:
                         neutral = state is NEUTRAL or state is _SOURCE
                         if neutral:
                             pending.append(i)
-                        if precision is not Precision.LOW:
-                            low_outputs = ()
-                        for k, name in enumerate(outs[i]):  # (as _record_output_states)
-                            t = types.get(name, 0) if name else 0
-                            if t in (FLOAT, low_type):
-                                states[name] = NEUTRAL if neutral else LOW if t != FLOAT or k in low_outputs else F32
+                        self._record_output_states(ctx, i, entry, neutral)
                         continue
             entry, state = self._classify(ctx, i)
             entries.append(entry)
@@ -330,21 +319,11 @@ class Planner:
             self._resolve_from_consumers(ctx, i, entries[i])
 
     def _seen_states(self, ctx: GraphContext, i: int) -> int:
-        """Which data states reach node ``i`` (1: low, 2: fp32; bits), as the follow rule sees them."""
-        states = self.states
+        """Which data states reach node ``i`` (bits _SEEN_LOW, _SEEN_F32), as the follow rule sees them."""
         agnostic = DTYPE_AGNOSTIC_INPUTS.get(ctx.ops[i], ())
-        if not agnostic:
-            seen = set(map(states.get, ctx.ins[i]))
-            return (LOW in seen) | (F32 in seen) << 1
-        seen = 0
-        for slot, name in enumerate(ctx.ins[i]):
-            if name and slot not in agnostic:
-                state = states.get(name)
-                if state is LOW:
-                    seen |= 1
-                elif state is F32:
-                    seen |= 2
-        return seen
+        names = ctx.ins[i] if not agnostic else [n for slot, n in enumerate(ctx.ins[i]) if slot not in agnostic]
+        seen = set(map(self.states.get, names))
+        return (_SEEN_LOW if LOW in seen else 0) | (_SEEN_F32 if F32 in seen else 0)
 
     # ------------------------------------------------------- classification
 
@@ -404,7 +383,7 @@ class Planner:
             return Precision.FP32, "level", "O0 changes nothing", _FIXED
         if default_domain and op in QUANTIZED_OPS:
             return Precision.FP32, "quantized", "quantized computation is never touched", _FIXED
-        if default_domain and op == "Cast" and _cast_to(node) != FLOAT:
+        if default_domain and op == "Cast" and cast_to(node) != FLOAT:
             return Precision.UNCHANGED, "cast", "Cast to a non-float32 type reads any float version", _FIXED
         if unknown:
             return Precision.FP32, "unknown-type", "a tensor's type is unknown (or it is a sequence); left as it is", _FIXED
@@ -513,21 +492,14 @@ class Planner:
     def _resolve_follow(self, ctx: GraphContext, i: int, entry: PlanEntry) -> bool:
         """Decide a follow node from its inputs; False if it is fed only by
         neutral data (constants, graph inputs) and must wait for its consumers."""
-        states = self.states
-        agnostic = DTYPE_AGNOSTIC_INPUTS.get(ctx.ops[i], ())
-        seen = set()
-        for slot, name in enumerate(ctx.ins[i]):
-            if name and slot not in agnostic:
-                state = states.get(name)
-                if state is LOW or state is F32:
-                    seen.add(state)
+        seen = self._seen_states(ctx, i)
         if not seen:
             entry.reason = f"{entry.reason}; fed only by constants or graph inputs"
             return False
-        if seen == {F32}:
+        if seen == _SEEN_F32:
             entry.reason = f"{entry.reason}; its inputs are fp32"
-        elif seen == {LOW} or self.level != "O1":
-            mixed = "mixed fp32/low inputs" if len(seen) > 1 else "its inputs are low"
+        elif seen == _SEEN_LOW or self.level != "O1":
+            mixed = "mixed fp32/low inputs" if seen == _SEEN_LOW | _SEEN_F32 else "its inputs are low"
             self._try_low(ctx, i, entry, self._sig(ctx, i))
             if entry.precision is Precision.LOW:
                 entry.reason = f"{entry.reason}; {mixed}"
@@ -635,13 +607,6 @@ def _float_slots(ctx: GraphContext, i: int) -> tuple[tuple[int, ...], tuple[int,
     # A float32 tensor going into or coming out of a sequence keeps its type:
     # the sequence on the other side would change type unseen.
     return tuple(ins), tuple(outs), unknown or (sequence and bool(ins or outs))
-
-
-def _cast_to(node: onnx.NodeProto) -> int:
-    for a in node.attribute:
-        if a.name == "to":
-            return a.i
-    return 0
 
 
 def lowered_slots(

@@ -209,9 +209,6 @@ class Rewriter:
         self._placements[ctx.path] = (top, after)
         changed: dict[str, int] = {}  # tensor -> new element type (for value_info)
         low = self.low.onnx_type
-        # Main-graph tensors that are low now (low from the start, or made low
-        # so far): a low node reading only these needs no Cast.
-        low_now = {name for name, t in ctx.types.items() if t == low} if ctx.parent is None else set()
 
         if ctx.parent is None and self.io_low:
             for value in ctx.graph.input:
@@ -219,7 +216,6 @@ class Rewriter:
                     value.type.tensor_type.elem_type = low
                     versions[value.name] = {low: value.name}
                     changed[value.name] = low
-                    low_now.add(value.name)
         batch: list[onnx.TensorProto] = []
         types = ctx.types
         for name, tensor in ctx.initializers.items():
@@ -235,7 +231,6 @@ class Rewriter:
                     lower_tensor(tensor, self.low, self.stats, base_dir=self.base_dir, values=known)
                 versions[name] = {low: name}
                 changed[name] = low
-                low_now.add(name)
                 self.stats.initializers_lowered += 1
             elif low in wants:
                 self.stats.initializers_shared += 1
@@ -246,23 +241,13 @@ class Rewriter:
         output_producers = {ctx.producer[n] for n in ctx.output_names if n in ctx.producer}
         is_main = ctx.parent is None
         unchanged = Precision.UNCHANGED
-        retyped_names = changed.keys()  # (a live view)
         for i, inputs in enumerate(ctx.ins):
             entry = entries[i]
             if entry.precision is unchanged and not subgraphs:
                 continue  # no float32 tensor in, none out: every input is read as it is
-            if (
-                is_main
-                and entry.precision is not Precision.LOW
-                and retyped_names.isdisjoint(inputs)
-                and i not in output_producers
-                and i not in subgraphs
-            ):
-                continue  # runs in the types it reads, none of which changed
             low_inputs = entry.low_inputs if entry.precision is Precision.LOW else ()
             agnostic = DTYPE_AGNOSTIC_INPUTS.get(ops[i], ())
-            all_low = len(low_inputs) == len(inputs) and low_now.issuperset(inputs)  # (main graph only)
-            for slot, name in enumerate(() if all_low else inputs):
+            for slot, name in enumerate(inputs):
                 if not name or slot in agnostic:
                     continue
                 t = types.get(name) or ctx.type_of(name)
@@ -285,9 +270,8 @@ class Rewriter:
                 for k in entry.low_outputs:
                     versions[outs[k]] = {low: outs[k]}
                     changed[outs[k]] = low
-                    low_now.add(outs[k])
             if i in output_producers:
-                self._fix_graph_outputs(ctx, i, ctx.nodes[i], changed, low_now, after)
+                self._fix_graph_outputs(ctx, i, ctx.nodes[i], changed, after)
         if ctx.parent is not None:
             self._fix_passthrough_outputs(ctx, top, after)
             for k in self.demand.low_output_positions(ctx):  # handed on low by its If
@@ -323,9 +307,7 @@ class Rewriter:
             lower_small_tensors(tensors, self.low, self.stats, labels)
             self._constants.clear()
 
-    def _fix_graph_outputs(
-        self, ctx: GraphContext, i: int, node: onnx.NodeProto, changed: dict, low_now: set, after: dict
-    ) -> None:
+    def _fix_graph_outputs(self, ctx: GraphContext, i: int, node: onnx.NodeProto, changed: dict, after: dict) -> None:
         """A graph output whose producer now writes another type keeps its
         name and type: the producer writes a renamed tensor, a Cast the output."""
         for k, name in enumerate(node.output):
@@ -338,9 +320,6 @@ class Rewriter:
             renamed = self.names(f"{name}_{_short(current)}")
             node.output[k] = renamed
             changed[renamed], changed[name] = current, wanted
-            low_now.discard(name)
-            if current == self.low.onnx_type:
-                low_now.add(renamed)
             after.setdefault(i, []).append(self._cast_node(renamed, name, wanted))
             self._versions[ctx.path][name] = {current: renamed, wanted: name}
             self.stats.outputs_renamed.append(name)

@@ -219,16 +219,12 @@ class ConstantRanges:
             stats, path = self._stats, ctx.path
             self._verdicts.setdefault(key, {})
             names = set(ctx.free_names)
-            for name in ctx.initializers:
-                s = stats.get((path, name))
-                if s is None or s.abs_max > low.max or s.underflow(low):
-                    names.add(name)
+            names.update(n for n in ctx.initializers if not _unremarkable(stats.get((path, n)), low))
             for op, node_ins, outs in zip(ctx.ops, ctx.ins, ctx.outs, strict=True):
                 if op not in _CONSTANT_CARRIERS:
                     continue
                 if op == "Constant":  # (primed like an initializer: see constant_values)
-                    s = stats.get((path, outs[0])) if outs else None
-                    if s is None or s.abs_max > low.max or s.underflow(low):
+                    if outs and not _unremarkable(stats.get((path, outs[0])), low):
                         names.update(outs)
                 elif op == "ConstantOfShape" or (node_ins and node_ins[0] in names):
                     names.update(outs)
@@ -238,10 +234,6 @@ class ConstantRanges:
 
     def _judge(self, ctx: GraphContext, name: str, low: LowDtype) -> str | None:
         """Why tensor ``name`` cannot be read in ``low``: the values of the constant behind it."""
-        if name not in ctx.initializers:
-            producer = ctx.producer.get(name)
-            if producer is not None and ctx.ops[producer] not in _CONSTANT_CARRIERS:
-                return None  # computed data (the common case): no constant behind it
         found = self.constant_behind(ctx, name)
         if found is None:
             return None
@@ -253,6 +245,11 @@ class ConstantRanges:
         if lost and (s.size <= SMALL_CONSTANT or lost * 2 > s.nonzero):
             return f"safety: {lost} of {s.nonzero} non-zero values of constant {name!r} would become 0 in {low.name}"
         return None
+
+
+def _unremarkable(s: ValueStats | None, low: LowDtype) -> bool:
+    """Known statistics of a constant ``low`` holds as it is: within range, nothing flushed."""
+    return s is not None and s.abs_max <= low.max and not s.underflow(low)
 
 
 _UNJUDGED = object()
