@@ -24,6 +24,7 @@ import onnx
 
 from .calibrate import Calibration
 from .check import check_converted
+from .graph import node_label
 from .inputs import InputSource
 from .options import ConvertOptions
 from .pipeline import ConversionResult, convert
@@ -117,7 +118,7 @@ def compute_weights(model: onnx.ModelProto, calibration: Calibration | None) -> 
         elif op in ("LSTM", "GRU", "RNN") and shapes.get(node.input[1]) and shapes.get(node.input[2]):
             gates_in, gates_hidden = shapes[node.input[1]], shapes[node.input[2]]
             w = float(out) * (gates_in[1] * gates_in[2] + gates_hidden[1] * gates_hidden[2]) / max(gates_in[2], 1)
-        weights[node.name or f"{op}_{i}"] = w  # (the plan's labels)
+        weights[node_label(node, i)] = w
     return weights
 
 

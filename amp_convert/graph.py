@@ -71,7 +71,7 @@ class GraphContext:
         return 0
 
     def node_label(self, index: int) -> str:
-        return self.nodes[index].name or f"{self.ops[index]}_{index}"
+        return node_label(self.nodes[index], index)
 
     def walk(self) -> Iterator[GraphContext]:
         """This graph and all nested subgraphs, outer before inner."""
@@ -79,6 +79,11 @@ class GraphContext:
         for subs in self.subgraphs.values():
             for sub in subs:
                 yield from sub.walk()
+
+
+def node_label(node: onnx.NodeProto, index: int) -> str:
+    """How plans, reports and name rules call a node: its name, or OpType_index."""
+    return node.name or f"{node.op_type}_{index}"
 
 
 def cast_to(node: onnx.NodeProto) -> int:
@@ -134,7 +139,7 @@ def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext |
         node = ctx.nodes[i]
         if not any(a.type in SUBGRAPH_ATTRIBUTE_TYPES for a in node.attribute):
             continue
-        label = node.name or f"{node.op_type}_{i}"
+        label = node_label(node, i)
         while label in labels:  # (two nodes of one name: each body needs a path of its own)
             label = f"{label}#{i}"
         labels.add(label)

@@ -37,7 +37,7 @@ import onnx
 from .calibrate import Calibration
 from .dtypes import FLOAT, LowDtype
 from .errors import AmpError
-from .graph import GraphContext, cast_to
+from .graph import GraphContext, cast_to, node_label
 from .lists import (
     CONTROL_FLOW_OPS,
     DTYPE_AGNOSTIC_INPUTS,
@@ -284,7 +284,7 @@ class Planner:
                         and (suspects is None or not suspects.isdisjoint(ins[i]))
                         and self._safety_problem(ctx, i, low_inputs)
                     ):
-                        label = nodes[i].name or f"{op}_{i}"
+                        label = node_label(nodes[i], i)
                         if type(label) is not str:
                             raise AmpError(f"the model holds the name {label!r}, which is not valid UTF-8 (a corrupt file?)")
                         entry = PlanEntry(path, i, label, op, domains[i], precision, rule, reason, low_inputs, low_outputs)
@@ -330,7 +330,7 @@ class Planner:
     def _classify(self, ctx: GraphContext, i: int) -> tuple[PlanEntry, str]:
         node = ctx.nodes[i]
         op, domain = ctx.ops[i], ctx.domains[i]
-        label = node.name or f"{op}_{i}"
+        label = node_label(node, i)
         if type(label) is not str or type(domain) is not str:
             raise AmpError(f"the model holds the name {label!r}, which is not valid UTF-8 (a corrupt file?)")
         precision, rule, reason, state = self._decide(ctx, i, node, op, domain, label)
