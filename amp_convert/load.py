@@ -197,16 +197,26 @@ def read_model(path: str | os.PathLike, *, lazy_external: bool = False, backgrou
     p = Path(path)
     data = _read(p)
     _remember_input(p)
-    model = _parse(p, data)
-    check_versions(model, str(p))
+    check = None
+    background = background and BACKGROUND_CHECK_BYTES <= len(data) <= BACKGROUND_CHECK_MAX_BYTES and _can_fork()
+    if background and _LOCATION_KEY_BYTES not in data:
+        # No external data: the child starts before the model is parsed, so
+        # the pages the conversion writes were never shared with it (each
+        # first write to a shared page would copy it).
+        check = BackgroundCheck.start(data, p)
+    try:
+        model = _parse(p, data)
+        check_versions(model, str(p))
+    except BaseException:
+        if check is not None:
+            check.cancel()
+        raise
     external = list(_external_tensors(model, data))
     # The checker reads an external-data model's file itself, to find its data.
     source = str(p) if external else data
     if external:
         _check_external_data(external, p)
-    check = None
-    sized = BACKGROUND_CHECK_BYTES <= len(data) <= BACKGROUND_CHECK_MAX_BYTES
-    if background and (lazy_external or not external) and sized and _can_fork():
+    if check is None and background and (lazy_external or not external):
         check = BackgroundCheck.start(source, p)
     if check is None:
         check_input_model(source, str(p))

@@ -166,16 +166,6 @@ class Demand:
             return self.low.onnx_type if self.io_low else declared
         return self.low.onnx_type if ctx.output_names.index(name) in self.low_output_positions(ctx) else declared
 
-    def _reader_type(self, ctx: GraphContext, name: str, j: int, slot: int) -> int:
-        """The type node ``j`` needs ``name`` in, on its input ``slot`` (0: any)."""
-        agnostic = DTYPE_AGNOSTIC_INPUTS.get(ctx.ops[j])
-        if agnostic is not None and slot in agnostic and is_default_domain(ctx.domains[j]):
-            return 0
-        entry = self.plan.entries[ctx.path][j]
-        if entry.precision is Precision.LOW and slot in entry.low_inputs:
-            return self.low.onnx_type
-        return ctx.type_of(name)
-
     def low_output_positions(self, body: GraphContext) -> tuple[int, ...]:
         """Positions of a subgraph's outputs that its owner node hands on low."""
         owner = self.plan.entries.get(body.parent.path) if body.parent is not None else None
@@ -186,8 +176,23 @@ class Demand:
 
     def requirements(self, ctx: GraphContext, name: str) -> set[int]:
         """Element types that the readers of ``name`` in ``ctx`` (and in the
-        subgraphs capturing it) need; dtype-agnostic reads need nothing."""
-        wants = {self._reader_type(ctx, name, j, slot) for j, slot in ctx.consumers.get(name, ())}
+        subgraphs capturing it) need: the low dtype where a low node reads it
+        low, its own type elsewhere; dtype-agnostic reads need nothing."""
+        wants: set[int] = set()
+        readers = ctx.consumers.get(name, ())
+        if readers:  # (inline, no call per reader: a large graph asks this of every initializer)
+            entries, ops, low, own = self.plan.entries[ctx.path], ctx.ops, self.low.onnx_type, None
+            for j, slot in readers:
+                agnostic = DTYPE_AGNOSTIC_INPUTS.get(ops[j])
+                if agnostic is not None and slot in agnostic and is_default_domain(ctx.domains[j]):
+                    continue
+                entry = entries[j]
+                if entry.precision is Precision.LOW and slot in entry.low_inputs:
+                    wants.add(low)
+                else:
+                    if own is None:
+                        own = ctx.type_of(name)
+                    wants.add(own)
         for j in ctx.captured_by.get(name, ()):
             for sub in ctx.subgraphs[j]:
                 wants |= self.requirements(sub, name)

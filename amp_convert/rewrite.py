@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain, repeat
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ from .external import is_external, read_array, retype_external
 from .graph import GraphContext, NameGenerator
 from .lists import DTYPE_AGNOSTIC_INPUTS, DTYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
 from .plan import Demand, Plan, Precision
-from .safety import ConstantRanges, ValueStats, value_stats
+from .safety import ConstantRanges, ValueStats, segment_counts, value_stats
 from .schema import is_default_domain
 
 
@@ -125,31 +126,32 @@ def lower_tensor(
 
 
 def lower_small_tensors(
-    tensors: list[onnx.TensorProto], low: LowDtype, stats: RewriteStats, labels: list[str] | None = None
+    tensors: list[onnx.TensorProto],
+    low: LowDtype,
+    stats: RewriteStats,
+    labels: list[str] | None = None,
+    blobs: list[bytes] | None = None,
 ) -> None:
     """:func:`lower_tensor` for many small raw float32 tensors in one numpy
     pass: graphs with tens of thousands of small weights would otherwise pay
     numpy's per-call overhead for each. Values out of range (rare) send the
     batch through the tensor-by-tensor path, which clips and counts them.
-    ``labels``: the names counts are reported under (default: the tensors')."""
+    ``labels``: the names counts are reported under (default: the tensors');
+    ``blobs``: their raw bytes, when the caller has read them."""
     if not tensors:
         return
     labels = labels or [t.name for t in tensors]
-    arrays = [np.frombuffer(t.raw_data, dtype="<f4") for t in tensors]
-    flat = np.concatenate(arrays)
+    blobs = blobs or [t.raw_data for t in tensors]
+    flat = np.frombuffer(b"".join(blobs), dtype="<f4")  # (one array: one per small tensor costs more than its values)
     if not np.abs(flat).max() <= low.max:  # (also true for NaN)
         for t, label in zip(tensors, labels, strict=True):
             lower_tensor(t, low, stats, label)
         return
     out = flat.astype(low.numpy)
-    sizes = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+    sizes = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs)) // 4
     ends = np.cumsum(sizes)
-    flushed = (flat != 0) & (out == 0)
-    if flushed.any():
-        counts = np.add.reduceat(flushed, ends - sizes)
-        for label, n in zip(labels, counts.tolist(), strict=True):
-            if n:
-                stats.flushed[label] = stats.flushed.get(label, 0) + n
+    for k, n in segment_counts((flat != 0) & (out == 0), ends - sizes).items():
+        stats.flushed[labels[k]] = stats.flushed.get(labels[k], 0) + n
     data = out.tobytes()
     width = out.itemsize
     start = 0
@@ -159,12 +161,74 @@ def lower_small_tensors(
         start = end
 
 
-def _batchable(tensor: onnx.TensorProto, most: int = 1 << 16) -> bool:
-    return tensor.data_location != onnx.TensorProto.EXTERNAL and 0 < len(tensor.raw_data) <= 4 * most
+def _small_raw(tensor: onnx.TensorProto, most: int = 1 << 16) -> bytes:
+    """The raw float32 bytes of a tensor :func:`lower_small_tensors` takes (up
+    to ``most`` values, inline, whole values), else b""."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return b""
+    data = tensor.raw_data
+    return data if 0 < len(data) <= 4 * most and not len(data) % 4 else b""
 
 
 # Ops whose attributes fix their output type: rewritten when they run low.
 REWRITTEN_OPS = frozenset(DTYPE_ATTRIBUTE_OPS) | VALUE_ATTRIBUTE_OPS
+_LOW, _UNCHANGED = Precision.LOW, Precision.UNCHANGED
+_UNTYPED = -2  # (a name the graph's type table does not hold)
+_RETYPED = -3  # (a float32 tensor the rewrite made low)
+_MASK_SLOTS = 62  # input slots a bit mask holds; a later slot is always looked at
+_AGNOSTIC_MASKS = {op: sum(1 << s for s in slots) for op, slots in DTYPE_AGNOSTIC_INPUTS.items()}
+
+
+class _SlotMasks(dict):
+    """Slot tuple -> bit mask (made on first use: a graph repeats a few)."""
+
+    def __missing__(self, slots: tuple[int, ...]) -> int:
+        mask = self[slots] = sum(1 << s for s in slots if s < _MASK_SLOTS)
+        return mask
+
+
+def _nodes_to_visit(ctx: GraphContext, entries: list, changed: dict[str, int], low: int, output_producers: set[int]) -> list[int]:
+    """The nodes the rewrite must look at, in graph order: those with an
+    input whose tensor may not have the type the node reads it in, control
+    flow, low ops whose attributes change, and graph outputs' producers (and
+    readers). ``changed``: the tensors retyped low so far (float32 graph
+    inputs, initializers, low nodes' outputs). On a large graph most nodes
+    read what they need as it is: one lookup per input and a few array
+    operations find the others, where the rewrite's loop would look at every
+    input. Conservative: an input whose type or scope the arrays do not
+    settle is looked at."""
+    keep_all = bool(ctx.subgraphs)  # (with bodies to rewrite, even nodes without float32 are looked at)
+    always = {i for i in output_producers if keep_all or entries[i].precision is not _UNCHANGED}
+    always.update(ctx.subgraphs)
+    always.update(i for i, op in enumerate(ctx.ops) if op in REWRITTEN_OPS and entries[i].precision is _LOW)
+    for name in ctx.output_names:  # (its producer may rename it: its readers then need the Cast's)
+        always.update(j for j, _ in ctx.consumers.get(name, ()))
+    ins = ctx.ins
+    flat = list(chain.from_iterable(ins))
+    if not flat:
+        return sorted(always)
+    n, count = len(ins), len(flat)
+    lens = np.fromiter(map(len, ins), np.int64, n)
+    node = np.repeat(np.arange(n), lens)
+    slot = np.arange(count) - np.repeat(np.cumsum(lens) - lens, lens)
+    # Each input's tensor in one lookup: its type, or _RETYPED if it was float32 and is low now.
+    types = ctx.types.copy()
+    types.update(dict.fromkeys(changed, _RETYPED))
+    t = np.fromiter(map(types.get, flat, repeat(_UNTYPED)), np.int64, count)
+    masks = _SlotMasks()
+    low_masks = np.fromiter(map(masks.__getitem__, [e.low_inputs if e.precision is _LOW else () for e in entries]), np.int64, n)
+    agnostic_masks = np.fromiter(map(_AGNOSTIC_MASKS.get, ctx.ops, repeat(0)), np.int64, n)
+    bit = np.left_shift(1, np.minimum(slot, _MASK_SLOTS))
+    read_low = (low_masks[node] & bit) != 0
+    look = np.where(read_low, t == FLOAT, t == _RETYPED)  # read low but float32, or read float32 but now low
+    look |= (t == _UNTYPED) | (slot >= _MASK_SLOTS)
+    if ctx.parent is not None:
+        look |= ~np.fromiter(map(ctx.defines, flat), bool, count)  # (an outer value: its versions live there)
+    look &= (agnostic_masks[node] & bit) == 0
+    if not keep_all:
+        look &= np.fromiter((e.precision is not _UNCHANGED for e in entries), bool, n)[node]
+    always.update(np.unique(node[look]).tolist())
+    return sorted(always)
 
 
 class Rewriter:
@@ -216,15 +280,18 @@ class Rewriter:
                     value.type.tensor_type.elem_type = low
                     versions[value.name] = {low: value.name}
                     changed[value.name] = low
-        batch: list[onnx.TensorProto] = []
+        batch: list[onnx.TensorProto] = []  # small raw ones, lowered in one pass
+        blobs: list[bytes] = []  # (their bytes)
         types = ctx.types
         for name, tensor in ctx.initializers.items():
             if types.get(name) != FLOAT:  # (its data type, without reading the proto)
                 continue
             wants = self.demand.requirements(ctx, name)
             if wants == {low} and name not in ctx.input_set:  # (an initializer listed as an input keeps its declared type)
-                if _batchable(tensor):
+                raw = _small_raw(tensor)
+                if raw:
                     batch.append(tensor)
+                    blobs.append(raw)
                 else:
                     external = self.ranges is not None and is_external(tensor)
                     known = self.ranges.stats(ctx.path, name, tensor) if external else None
@@ -234,18 +301,22 @@ class Rewriter:
                 self.stats.initializers_lowered += 1
             elif low in wants:
                 self.stats.initializers_shared += 1
-        lower_small_tensors(batch, self.low, self.stats)
+        lower_small_tensors(batch, self.low, self.stats, blobs=blobs)
 
         entries = self.plan.entries[ctx.path]
-        subgraphs, ops = ctx.subgraphs, ctx.ops
+        subgraphs, ops, ins = ctx.subgraphs, ctx.ops, ctx.ins
+        # A low node's float outputs change type in place: its readers see them low.
+        retyped = [
+            outs[k] for entry, outs in zip(entries, ctx.outs, strict=True) if entry.precision is _LOW for k in entry.low_outputs
+        ]
+        changed.update(dict.fromkeys(retyped, low))
+        versions.update({name: {low: name} for name in retyped})
         output_producers = {ctx.producer[n] for n in ctx.output_names if n in ctx.producer}
         is_main = ctx.parent is None
-        unchanged = Precision.UNCHANGED
-        for i, inputs in enumerate(ctx.ins):
+        for i in _nodes_to_visit(ctx, entries, changed, low, output_producers):
             entry = entries[i]
-            if entry.precision is unchanged and not subgraphs:
-                continue  # no float32 tensor in, none out: every input is read as it is
-            low_inputs = entry.low_inputs if entry.precision is Precision.LOW else ()
+            inputs = ins[i]
+            low_inputs = entry.low_inputs if entry.precision is _LOW else ()
             agnostic = DTYPE_AGNOSTIC_INPUTS.get(ops[i], ())
             for slot, name in enumerate(inputs):
                 if not name or slot in agnostic:
@@ -263,13 +334,8 @@ class Rewriter:
             if subgraphs:
                 for sub in subgraphs.get(i, ()):
                     self._rewrite_graph(sub)
-            if entry.precision is Precision.LOW:
-                if ops[i] in REWRITTEN_OPS:
-                    self._lower_node(ctx.nodes[i])
-                outs = ctx.outs[i]
-                for k in entry.low_outputs:
-                    versions[outs[k]] = {low: outs[k]}
-                    changed[outs[k]] = low
+            if entry.precision is _LOW and ops[i] in REWRITTEN_OPS:
+                self._lower_node(ctx.nodes[i])
             if i in output_producers:
                 self._fix_graph_outputs(ctx, i, ctx.nodes[i], changed, after)
         if ctx.parent is not None:
@@ -406,7 +472,7 @@ class Rewriter:
     def _lower_constant(self, node: onnx.NodeProto) -> None:
         for idx, a in enumerate(node.attribute):
             if a.name == "value":
-                if _batchable(a.t):
+                if _small_raw(a.t):
                     self._constants.append((a.t, node.output[0]))
                 else:
                     lower_tensor(a.t, self.low, self.stats, node.output[0], self.base_dir)

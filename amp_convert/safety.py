@@ -74,6 +74,18 @@ def value_stats(array: np.ndarray) -> ValueStats:
     )
 
 
+def segment_counts(marks: np.ndarray, starts: np.ndarray) -> dict[int, int]:
+    """Segment -> how many of ``marks`` (a bool array cut into segments
+    beginning at ``starts``) are set in it, for the segments with any: few
+    are, so the set ones are located rather than every segment summed."""
+    where = np.flatnonzero(marks)
+    if not where.size:
+        return {}
+    counts = np.bincount(np.searchsorted(starts, where, side="right") - 1, minlength=len(starts))
+    hit = np.flatnonzero(counts)
+    return dict(zip(hit.tolist(), counts[hit].tolist(), strict=True))
+
+
 def constant_array(tensor: onnx.TensorProto, base_dir: Path | None = None) -> np.ndarray:
     """Values of a float tensor; raw float32 data is read without a copy,
     external data from its file (``base_dir``: the model's folder)."""
@@ -116,38 +128,38 @@ class ConstantRanges:
         elements (graphs with tens of thousands of weights would otherwise
         pay numpy's per-call overhead for each). Tensors with non-finite
         values are left to :meth:`stats`."""
-        names, arrays, size = [], [], 0
-        known, limit = self._stats, most * 4
+        names, blobs, size = [], [], 0
+        known, limit, chunk_bytes = self._stats, most * 4, chunk * 4
         for name, t in initializers.items():
             inline_float = t.data_type == onnx.TensorProto.FLOAT and t.data_location != onnx.TensorProto.EXTERNAL
             if inline_float and (scope, name) not in known:
                 data = t.raw_data
-                if 0 < len(data) <= limit:
+                if 0 < len(data) <= limit and not len(data) % 4:  # (a torn one is left to stats)
                     names.append(name)
-                    arrays.append(np.frombuffer(data, dtype="<f4"))
-                    size += arrays[-1].size
-                    if size >= chunk:
-                        self._prime_chunk(scope, names, arrays)
-                        names, arrays, size = [], [], 0
-        if arrays:
-            self._prime_chunk(scope, names, arrays)
+                    blobs.append(data)
+                    size += len(data)
+                    if size >= chunk_bytes:
+                        self._prime_chunk(scope, names, blobs)
+                        names, blobs, size = [], [], 0
+        if blobs:
+            self._prime_chunk(scope, names, blobs)
 
-    def _prime_chunk(self, scope: str, names: list[str], arrays: list[np.ndarray]) -> None:
-        sizes = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+    def _prime_chunk(self, scope: str, names: list[str], blobs: list[bytes]) -> None:
+        # One array for the chunk: an array per tensor costs more than its values, for small ones.
+        sizes = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs)) // 4
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-        flat = np.abs(np.concatenate(arrays))
+        flat = np.abs(np.frombuffer(b"".join(blobs), dtype="<f4"))
         highs = np.maximum.reduceat(flat, starts)
         finite = np.isfinite(highs)
         nonzero = flat > 0
-        counts = (
-            np.add.reduceat(nonzero, starts, dtype=np.int64),
-            np.add.reduceat(nonzero & (flat <= np.float32(_FP16_ZERO)), starts, dtype=np.int64),
-            np.add.reduceat(nonzero & (flat <= np.float32(_BF16_ZERO)), starts, dtype=np.int64),
-        )
-        rows = zip(names, sizes.tolist(), highs.tolist(), finite.tolist(), *(c.tolist() for c in counts), strict=True)
-        for name, size, high, ok, n_nonzero, under_fp16, under_bf16 in rows:
+        n_nonzero = np.add.reduceat(nonzero, starts, dtype=np.int64).tolist()
+        tiny = nonzero & (flat <= np.float32(_FP16_ZERO))  # (few or none: counted where they are)
+        under_fp16 = segment_counts(tiny, starts)
+        under_bf16 = segment_counts(tiny & (flat <= np.float32(_BF16_ZERO)), starts) if under_fp16 else {}
+        rows = zip(names, sizes.tolist(), highs.tolist(), finite.tolist(), n_nonzero, strict=True)
+        for k, (name, size, high, ok, nonzeros) in enumerate(rows):
             if ok:
-                self._stats[scope, name] = ValueStats(size, high, n_nonzero, under_fp16, under_bf16, 0)
+                self._stats[scope, name] = ValueStats(size, high, nonzeros, under_fp16.get(k, 0), under_bf16.get(k, 0), 0)
 
     @staticmethod
     def constant_values(ctx: GraphContext) -> dict[str, onnx.TensorProto]:

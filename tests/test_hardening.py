@@ -531,6 +531,31 @@ def test_large_bad_input_is_refused_by_the_api_and_leaves_no_child(tmp_path, cas
         os.waitpid(-1, os.WNOHANG)
 
 
+@pytest.mark.parametrize("case", ["not-a-model", "ir-version"])
+def test_large_input_that_fails_to_load_stops_its_checker(tmp_path, case):
+    """A large input's checker child starts before the model is parsed: a
+    file that then does not parse, or names versions the converter does not
+    read, gets its own error, and the child is stopped and waited for."""
+    from amp_convert.load import BACKGROUND_CHECK_BYTES, read_model
+
+    path = tmp_path / "model.onnx"
+    if case == "not-a-model":
+        path.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(BACKGROUND_CHECK_BYTES))
+        fragment = "PNG image"
+    else:
+        built = _large([helper.make_node("Relu", ["x"], ["y"])])
+        built.ir_version = 99
+        _save(tmp_path, built)
+        fragment = "IR version 99"
+    with pytest.raises(AmpError, match=fragment):
+        read_model(path, lazy_external=True, background=True)
+    with pytest.raises(ChildProcessError):  # the checker's process was stopped and waited for
+        os.waitpid(-1, os.WNOHANG)
+    proc = cli(path, "-o", tmp_path / "out.onnx", "--no-validate")
+    assert proc.returncode == 2 and fragment in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out.onnx").exists()
+
+
 def test_checked_beside_the_conversion_also_when_sigchld_is_ignored(tmp_path):
     """A parent that ignores SIGCHLD hands that on: the system then reaps the
     checker child itself, and its verdict must still count."""

@@ -17,8 +17,10 @@ from onnx import helper
 from amp_convert import ConvertOptions, Precision, convert
 from amp_convert.auto import auto_convert
 from amp_convert.calibrate import calibrate
+from amp_convert.dtypes import BF16, FP16
 from amp_convert.inputs import make_source
-from amp_convert.safety import ConstantRanges, value_stats
+from amp_convert.rewrite import RewriteStats, lower_small_tensors, lower_tensor
+from amp_convert.safety import ConstantRanges, segment_counts, value_stats
 from amp_convert.validate import ValidationConfig
 from models.hostile import CULPRITS, HOSTILE
 from models.zoo_inputs import load_manifest
@@ -95,6 +97,7 @@ def test_batched_constant_statistics_match_the_per_tensor_ones():
     per-tensor statistics count: maxima, zeros, values that flush to zero."""
     rng = np.random.default_rng(0)
     arrays = {
+        "first": np.array([3e-8, 1.0], np.float32),  # (a tiny value in the first and in the last tensor of a pass)
         "plain": rng.standard_normal(7).astype(np.float32),
         "zeros": np.zeros(5, np.float32),
         "tiny": np.array([0.0, 1e-9, -2e-8, 1e-41, 2.0, -7e4], np.float32),
@@ -103,6 +106,7 @@ def test_batched_constant_statistics_match_the_per_tensor_ones():
     }
     arrays |= {f"w{i}": rng.standard_normal(40 + i).astype(np.float32) for i in range(20)}
     arrays["large"] = rng.standard_normal(300).astype(np.float32) * 1e5  # over ``most``: left to stats()
+    arrays["last"] = np.array([1.0, -1e-40], np.float32)
     tensors = {name: init(name, a) for name, a in arrays.items()}
     for chunk in (1 << 22, 64):  # all in one pass; a pass every few tensors
         ranges = ConstantRanges()
@@ -111,6 +115,33 @@ def test_batched_constant_statistics_match_the_per_tensor_ones():
         for name, tensor in tensors.items():
             assert ranges.stats("", name, tensor) == value_stats(arrays[name]), name
         assert ranges.stats("", "tiny", tensors["tiny"]).underflow_fp16 == 3
+        assert ranges.stats("", "last", tensors["last"]).underflow_bf16 == 0
+
+
+def test_segment_counts_count_each_segment_like_a_sum():
+    rng = np.random.default_rng(1)
+    marks = rng.random(1000) < 0.01
+    marks[0] = marks[-1] = True
+    starts = np.array([0, 0, 5, 5, 5, 300, 999])  # (empty segments: at the start and in the middle)
+    ends = [*starts[1:], len(marks)]
+    expected = {k: int(marks[a:b].sum()) for k, (a, b) in enumerate(zip(starts, ends, strict=True)) if marks[a:b].any()}
+    assert segment_counts(marks, starts) == expected
+    assert segment_counts(np.zeros(10, bool), np.array([0, 4])) == {}
+
+
+def test_small_weights_lowered_in_one_pass_count_what_the_per_tensor_path_counts():
+    """Flushed values counted per weight, batched or one by one."""
+    rng = np.random.default_rng(2)
+    arrays = [rng.standard_normal(n).astype(np.float32) for n in (3, 1, 8, 5)]
+    arrays[0][1] = 1e-9  # flushes in fp16
+    arrays[2][[0, 7]] = [-3e-8, 2e-9]
+    arrays[3][4] = 1e-41  # flushes in both
+    for low in (FP16, BF16):
+        batched, alone = RewriteStats(), RewriteStats()
+        lower_small_tensors([init(f"w{k}", a) for k, a in enumerate(arrays)], low, batched)
+        for k, a in enumerate(arrays):
+            lower_tensor(init(f"w{k}", a), low, alone)
+        assert batched.flushed == alone.flushed and batched.flushed
 
 
 def test_clip_initializers_lowers_and_counts_instead_of_keeping_fp32():
