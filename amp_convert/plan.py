@@ -276,6 +276,8 @@ class Planner:
         outcomes = self._outcomes
         # Names whose constant values the safety rule must look at (the data-range rule looks at every node).
         suspects = self.ranges.suspects(ctx, self.low) if self.constants_rule and not self.calibration else None
+        # Without tensors already in the low dtype, a node's float32 outputs are the ones given a state.
+        low_typed = self.low.onnx_type in types.values()
         for i in range(len(nodes)):
             op = ops[i]
             kind = (op, domains[i], floats[i]) if reuse and op not in _CONTEXT_OPS and i not in subgraphs else None
@@ -283,7 +285,7 @@ class Planner:
             if decision is not None:
                 outcome = outcomes.get((kind, self._seen_states(ctx, i) if decision[3] == _FOLLOW else 0))
                 if outcome is not None:
-                    precision, rule, reason, low_inputs, low_outputs, state, checked = outcome
+                    precision, rule, reason, low_inputs, low_outputs, state, checked, out_states = outcome
                     if not (
                         checked
                         and (suspects is None or not suspects.isdisjoint(ins[i]))
@@ -297,7 +299,12 @@ class Planner:
                         neutral = state is NEUTRAL or state is _SOURCE
                         if neutral:
                             pending.append(i)
-                        self._record_output_states(ctx, i, entry, neutral)
+                        if low_typed:
+                            self._record_output_states(ctx, i, entry, neutral)
+                        else:
+                            outs = ctx.outs[i]
+                            for k, out_state in out_states:
+                                states[outs[k]] = out_state
                         continue
             entry, state = self._classify(ctx, i)
             entries.append(entry)
@@ -306,10 +313,13 @@ class Planner:
             if kind is not None and entry.rule not in _NODE_RULES:
                 decision = self._decisions[kind]
                 low = entry.precision is Precision.LOW
+                neutral = state in (NEUTRAL, _SOURCE)
                 outcomes[kind, self._seen_states(ctx, i) if decision[3] == _FOLLOW else 0] = (
                     *(entry.precision, entry.rule, entry.reason, entry.low_inputs, entry.low_outputs),
                     state,
                     low and self.safety,  # the safety rules looked at this node's own inputs
+                    # the state each float32 output takes (what _record_output_states gives it)
+                    tuple((k, NEUTRAL if neutral else LOW if low and k in entry.low_outputs else F32) for k in kind[2][1]),
                 )
             if state in (NEUTRAL, _SOURCE):
                 pending.append(i)

@@ -478,6 +478,23 @@ def test_safety_rule_judges_each_node_of_a_repeated_kind_on_its_own_constants(dt
     assert plan.by_name("then_add0", graph="if/then_branch").precision is Precision.LOW
 
 
+def test_repeated_kind_with_low_outputs_hands_their_state_on():
+    """A node of a repeated kind whose output is already fp16 (its outcome
+    reused from the first such node) still tells its readers their input
+    is low: the follow node reading it and an fp32 tensor sees mixed
+    inputs, as it does when the kinds differ."""
+    nodes = [
+        helper.make_node("Relu", ["x16"], ["a"], name="relu_a"),
+        helper.make_node("Relu", ["x16"], ["b"], name="relu_b"),  # (the same kind: the first one's outcome)
+        helper.make_node("Softmax", ["x"], ["s"], name="softmax"),  # (black list: an fp32 tensor)
+        helper.make_node("CastLike", ["s", "b"], ["y"], name="like"),
+    ]
+    m = model(nodes, [value("x16", F16), value("x")], [value("a", F16), value("y", F16)])
+    _, plan = convert(m, level="O2")
+    assert plan.by_name("relu_b").precision is Precision.UNCHANGED
+    assert "mixed fp32/low inputs" in plan.by_name("like").reason
+
+
 def test_two_control_flow_nodes_of_one_name_get_a_plan_and_safety_rule_each():
     """Node names need not be unique: each body gets a path of its own, so
     neither its plan nor its constants' statistics are taken for the other's."""
