@@ -28,8 +28,8 @@ from .dtypes import FLOAT, LowDtype
 from .external import is_external, read_array, retype_external
 from .graph import GraphContext, NameGenerator
 from .lists import DTYPE_AGNOSTIC_INPUTS, DTYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
-from .plan import Demand, Plan, Precision
-from .safety import ConstantRanges, ValueStats, segment_counts, value_stats
+from .plan import Demand, Plan, PlanEntry, Precision
+from .safety import ConstantRanges, ValueStats, raw_float32, segment_counts, value_stats
 from .schema import is_default_domain
 
 
@@ -115,8 +115,7 @@ def lower_tensor(
         return
     if tensor.raw_data:
         # Fast path: raw little-endian float32 in, raw low-precision bytes out.
-        array = np.frombuffer(tensor.raw_data, dtype="<f4")
-        tensor.raw_data = to_low_array(array, low, label or tensor.name, stats).tobytes()
+        tensor.raw_data = to_low_array(raw_float32(tensor), low, label or tensor.name, stats).tobytes()
         tensor.data_type = low.onnx_type
         return
     converted = to_low_array(numpy_helper.to_array(tensor), low, label or tensor.name, stats)
@@ -187,7 +186,9 @@ class _SlotMasks(dict):
         return mask
 
 
-def _nodes_to_visit(ctx: GraphContext, entries: list, changed: dict[str, int], low: int, output_producers: set[int]) -> list[int]:
+def _nodes_to_visit(
+    ctx: GraphContext, entries: list[PlanEntry], changed: dict[str, int], low: int, output_producers: set[int]
+) -> list[int]:
     """The nodes the rewrite must look at, in graph order: those with an
     input whose tensor may not have the type the node reads it in, control
     flow, low ops whose attributes change, and graph outputs' producers (and

@@ -19,6 +19,7 @@ from onnx import numpy_helper
 
 from .calibrate import Calibration
 from .dtypes import LowDtype
+from .errors import AmpError
 from .external import read_array
 from .graph import GraphContext
 
@@ -94,8 +95,20 @@ def constant_array(tensor: onnx.TensorProto, base_dir: Path | None = None) -> np
             raise ValueError(f"tensor {tensor.name!r} has external data but the model's folder is unknown")
         return read_array(tensor, base_dir)
     if tensor.data_type == onnx.TensorProto.FLOAT and tensor.raw_data:
-        return np.frombuffer(tensor.raw_data, dtype="<f4")
+        return raw_float32(tensor)
     return numpy_helper.to_array(tensor)
+
+
+def raw_float32(tensor: onnx.TensorProto) -> np.ndarray:
+    """A float32 tensor's raw data as an array (no copy). Raw data cut in
+    the middle of a value passes the ONNX checker when it is not too short:
+    refused here, as a bad input, where the values are first needed."""
+    data = tensor.raw_data
+    if len(data) % 4:
+        raise AmpError(
+            f"tensor {tensor.name!r} has {len(data)} bytes of float32 raw data, not a whole number of values (a corrupt model)"
+        )
+    return np.frombuffer(data, dtype="<f4")
 
 
 class ConstantRanges:

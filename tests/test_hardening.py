@@ -490,6 +490,30 @@ def test_input_that_fails_shape_inference_is_a_usage_error(tmp_path):
         convert(model, level="O2")
 
 
+def _torn_weight(name: str = "w") -> onnx.TensorProto:
+    """A float32 weight of 16 values whose raw data ends 2 bytes into a 17th:
+    the ONNX checker only refuses raw data that is too short."""
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), name)
+    w.raw_data += b"\x00\x01"
+    return w
+
+
+@pytest.mark.parametrize("level", ["O2", "O3"])
+def test_weight_with_torn_raw_data_is_a_usage_error_where_it_is_read(tmp_path, level):
+    """Read by a node (by the safety rule at O2, by the lowering at O3): one
+    line naming the tensor, exit 2, nothing written. Unread, it is copied."""
+    model = _save(tmp_path, _model([helper.make_node("MatMul", ["x", "w"], ["y"])], initializers=[_torn_weight()]))
+    onnx.checker.check_model(onnx.load(str(model)))  # (the checker takes it)
+    out = tmp_path / "out.onnx"
+    out.write_bytes(OLD)
+    before = snapshot(tmp_path)
+    proc = cli(model, "-o", out, "--level", level, "--no-validate")
+    assert_refused(proc, "'w' has 66 bytes of float32 raw data", before, tmp_path)
+    unread = _model([helper.make_node("Relu", ["x"], ["y"])], initializers=[_torn_weight("spare")])
+    result = convert(unread, level=level, check="none")
+    assert len(next(t for t in result.model.graph.initializer if t.name == "spare").raw_data) == 66
+
+
 # A model this large is checked in a child process while the conversion runs.
 def _large(nodes: list[onnx.NodeProto]) -> onnx.ModelProto:
     from amp_convert.load import BACKGROUND_CHECK_BYTES
