@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from helpers import iter_nodes, redundant_casts, run
+from onnx import helper
 
 from amp_convert import convert
 from amp_convert.calibrate import calibrate
@@ -19,6 +21,8 @@ from amp_convert.inputs import make_source
 from amp_convert.save import save_model
 from amp_convert.validate import ValidationConfig, validate
 from models.rule_graphs import RULE_GRAPHS
+
+ZOO = Path(__file__).resolve().parents[1] / "models" / "zoo"
 
 
 def _outputs(model: onnx.ModelProto) -> list[tuple[str, int]]:
@@ -56,3 +60,66 @@ def test_the_rule_zoo_covers_every_kind_of_rule():
     expected = {"Softmax", "Relu", "BatchNormalization", "NonMaxSuppression", "Resize", "Shape", "DequantizeLinear"}
     expected |= {"FusedMatMul", "If", "Loop", "Scan", "Constant", "ConstantOfShape", "Cast"}
     assert expected <= ops
+
+
+def _branch_declaring_an_outer_value() -> onnx.ModelProto:
+    """A branch that reads the outer ``h`` (low at O2) in an fp32 Softmax and
+    declares ``h`` in its own value_info, as some exporters do: its type
+    table then knows ``h`` as float32, and only its scope says it is not
+    the branch's own."""
+    f32 = onnx.TensorProto.FLOAT
+    w = onnx.numpy_helper.from_array(np.eye(4, dtype=np.float32), "W")
+    then_g = helper.make_graph(
+        [helper.make_node("Softmax", ["h"], ["s"], name="then_softmax"), helper.make_node("Neg", ["s"], ["t"], name="then_neg")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", f32, [2, 4])],
+        value_info=[helper.make_tensor_value_info("h", f32, [2, 4])],
+    )
+    else_out = [helper.make_tensor_value_info("e", f32, [2, 4])]
+    else_g = helper.make_graph([helper.make_node("Relu", ["h"], ["e"], name="else_relu")], "else", [], else_out)
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("If", ["cond"], ["y"], name="if", then_branch=then_g, else_branch=else_g),
+    ]
+    inputs = [helper.make_tensor_value_info("x", f32, [2, 4]), helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, [])]
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", f32, [2, 4])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _graph_output_read_inside() -> onnx.ModelProto:
+    """``h``, a low MatMul's output, is a graph output (kept fp32: its
+    producer writes ``h_fp16`` and a Cast writes ``h``) and is read by a low
+    Relu, which must be handed ``h_fp16``."""
+    f32 = onnx.TensorProto.FLOAT
+    w = onnx.numpy_helper.from_array(np.eye(4, dtype=np.float32), "W")
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "W"], ["z"], name="mm2"),
+    ]
+    outputs = [helper.make_tensor_value_info(n, f32, [2, 4]) for n in ("h", "z")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", f32, [2, 4])], outputs, [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+BUILT = {"declared-outer": _branch_declaring_an_outer_value, "output-read-inside": _graph_output_read_inside}
+
+
+@pytest.mark.parametrize("name", [*sorted(RULE_GRAPHS), "zoo:controlflow", "zoo:lstm", "zoo:gpt2", *BUILT])
+def test_the_rewrite_visiting_only_filtered_nodes_writes_what_visiting_every_node_writes(name, monkeypatch):
+    """The rewrite looks only at the nodes its array pass says may need
+    another version of a tensor: the result must be the same bytes as when
+    it looks at every node, at every level, dtype and I/O setting."""
+    from amp_convert import rewrite
+
+    if name in BUILT:
+        original = BUILT[name]()
+    else:
+        original = RULE_GRAPHS[name]() if name in RULE_GRAPHS else onnx.load(str(ZOO / f"{name[4:]}.onnx"))
+    settings = [(level, dtype, io) for level in ("O1", "O2", "O3") for dtype in ("fp16", "bf16") for io in ("keep", "low")]
+    filtered = [convert(original, level=lv, dtype=dt, io_types=io, check="none").model for lv, dt, io in settings]
+    monkeypatch.setattr(rewrite, "_nodes_to_visit", lambda ctx, *_: list(range(len(ctx.ins))))
+    for (level, dtype, io), model in zip(settings, filtered, strict=True):
+        every = convert(original, level=level, dtype=dtype, io_types=io, check="none").model
+        assert model.SerializeToString(deterministic=True) == every.SerializeToString(deterministic=True), (level, dtype, io)
