@@ -13,7 +13,7 @@ import onnx
 from onnx import TensorProto
 
 from .graph import GRAPH_OPS, GraphContext, build_context, cast_to, node_subgraphs
-from .schema import model_opsets
+from .schema import is_default_domain, model_opsets
 from .typeinfo import infer_types
 
 # from -> to conversions that lose nothing, so casting back recovers the input exactly
@@ -85,7 +85,7 @@ class RemoveRedundantCasts:
 
 def indexed_casts(root: GraphContext) -> list[onnx.NodeProto]:
     """The ONNX Cast nodes of the indexed graphs, as :func:`count_casts` counts them."""
-    return [c.nodes[i] for c in root.walk() for i, op in enumerate(c.ops) if op == "Cast" and c.domains[i] in ("", "ai.onnx")]
+    return [c.nodes[i] for c in root.walk() for i, op in enumerate(c.ops) if op == "Cast" and is_default_domain(c.domains[i])]
 
 
 def cast_triples(casts: Iterable[onnx.NodeProto]) -> list[tuple[str, str, int]]:
@@ -191,7 +191,7 @@ def _remove_unused_casts(graph: onnx.GraphProto, candidates: set[str], outer_use
 def _count_casts(graph: onnx.GraphProto) -> int:
     n = 0
     for node in graph.node:
-        if node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
+        if node.op_type == "Cast" and is_default_domain(node.domain):
             n += 1
         else:
             n += sum(_count_casts(sub) for sub in _bodies(node))

@@ -86,6 +86,18 @@ def node_label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
 
 
+def checked_label(node: onnx.NodeProto, index: int) -> str:
+    """:func:`node_label`, refused if the name is not UTF-8 (see :func:`_check_utf8`)."""
+    label = node_label(node, index)
+    if type(label) is not str:
+        raise not_utf8(label)
+    return label
+
+
+def not_utf8(name: object) -> AmpError:
+    return AmpError(f"the model holds the name {name!r}, which is not valid UTF-8 (a corrupt file?)")
+
+
 def cast_to(node: onnx.NodeProto) -> int:
     """The element type a Cast node converts to (0 if it says none)."""
     for a in node.attribute:
@@ -161,8 +173,7 @@ def _check_utf8(ctx: GraphContext, ops: list) -> None:
     no later stage can handle. (One pass over the index, not the proto.)"""
     for names in (ctx.producer, ctx.consumers, ctx.input_names, ctx.output_names, ctx.initializers, ops, ctx.domains):
         if not set(map(type, names)) <= {str}:
-            name = next(n for n in names if type(n) is not str)
-            raise AmpError(f"the model holds the name {name!r}, which is not valid UTF-8 (a corrupt file?)")
+            raise not_utf8(next(n for n in names if type(n) is not str))
 
 
 def tensor_names(root: GraphContext) -> set[str]:

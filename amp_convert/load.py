@@ -199,7 +199,9 @@ def read_model(path: str | os.PathLike, *, lazy_external: bool = False, backgrou
     _remember_input(p)
     check = None
     background = background and BACKGROUND_CHECK_BYTES <= len(data) <= BACKGROUND_CHECK_MAX_BYTES and _can_fork()
-    if background and _LOCATION_KEY_BYTES not in data:
+    # Serialized bytes without a location entry hold no external tensor (the walk over every tensor is skipped).
+    located = _LOCATION_KEY_BYTES in data
+    if background and not located:
         # No external data: the child starts before the model is parsed, so
         # the pages the conversion writes were never shared with it (each
         # first write to a shared page would copy it).
@@ -211,7 +213,7 @@ def read_model(path: str | os.PathLike, *, lazy_external: bool = False, backgrou
         if check is not None:
             check.cancel()
         raise
-    external = list(_external_tensors(model, data))
+    external = list(_external_tensors(model)) if located else []
     # The checker reads an external-data model's file itself, to find its data.
     source = str(p) if external else data
     if external:
@@ -339,11 +341,8 @@ def check_input_model(model: onnx.ModelProto | bytes | str, label: str, *, full_
 _LOCATION_KEY_BYTES = b"\x0a\x08location"
 
 
-def _external_tensors(model: onnx.ModelProto, data: bytes = b"") -> Iterator[onnx.TensorProto]:
-    """Tensors whose data is in external files. Serialized bytes without a
-    location entry hold none: the walk over every tensor is skipped."""
-    if data and _LOCATION_KEY_BYTES not in data:
-        return
+def _external_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Tensors whose data is in external files."""
     for t in all_tensors(model.graph):
         if t.data_location == onnx.TensorProto.EXTERNAL:
             yield t

@@ -36,8 +36,7 @@ import onnx
 
 from .calibrate import Calibration
 from .dtypes import FLOAT, LowDtype
-from .errors import AmpError
-from .graph import GraphContext, cast_to, node_label
+from .graph import GraphContext, cast_to, checked_label
 from .lists import (
     CONTROL_FLOW_OPS,
     DTYPE_AGNOSTIC_INPUTS,
@@ -291,9 +290,7 @@ class Planner:
                         and (suspects is None or not suspects.isdisjoint(ins[i]))
                         and self._safety_problem(ctx, i, low_inputs)
                     ):
-                        label = node_label(nodes[i], i)
-                        if type(label) is not str:
-                            raise AmpError(f"the model holds the name {label!r}, which is not valid UTF-8 (a corrupt file?)")
+                        label = checked_label(nodes[i], i)
                         entry = PlanEntry(path, i, label, op, domains[i], precision, rule, reason, low_inputs, low_outputs)
                         entries.append(entry)
                         neutral = state is NEUTRAL or state is _SOURCE
@@ -318,8 +315,8 @@ class Planner:
                     *(entry.precision, entry.rule, entry.reason, entry.low_inputs, entry.low_outputs),
                     state,
                     low and self.safety,  # the safety rules looked at this node's own inputs
-                    # the state each float32 output takes (what _record_output_states gives it)
-                    tuple((k, NEUTRAL if neutral else LOW if low and k in entry.low_outputs else F32) for k in kind[2][1]),
+                    # the state each float32 output takes (as _record_output_states gives it)
+                    tuple((k, _output_state(neutral, low and k in entry.low_outputs)) for k in kind[2][1]),
                 )
             if state in (NEUTRAL, _SOURCE):
                 pending.append(i)
@@ -345,9 +342,7 @@ class Planner:
     def _classify(self, ctx: GraphContext, i: int) -> tuple[PlanEntry, str]:
         node = ctx.nodes[i]
         op, domain = ctx.ops[i], ctx.domains[i]
-        label = node_label(node, i)
-        if type(label) is not str or type(domain) is not str:
-            raise AmpError(f"the model holds the name {label!r}, which is not valid UTF-8 (a corrupt file?)")
+        label = checked_label(node, i)  # (its domain is one the index checked)
         precision, rule, reason, state = self._decide(ctx, i, node, op, domain, label)
         entry = PlanEntry(ctx.path, i, label, op, domain, precision, rule, reason)
         if precision is Precision.LOW:  # wanted low: the schema and the safety rules may still say no
@@ -525,19 +520,10 @@ class Planner:
     def _record_output_states(self, ctx: GraphContext, i: int, entry: PlanEntry, neutral: bool) -> None:
         types, states = ctx.types, self.states
         low_outputs = entry.low_outputs if entry.precision is Precision.LOW else ()
-        low_type = self.low.onnx_type
         for k, name in enumerate(ctx.outs[i]):
-            if not name:
-                continue
-            t = types.get(name, 0)
-            if t != FLOAT and t != low_type:
-                continue
-            if neutral:
-                states[name] = NEUTRAL
-            elif t != FLOAT or k in low_outputs:
-                states[name] = LOW
-            else:
-                states[name] = F32
+            t = types.get(name, 0) if name else 0
+            if self._is_float_data(t):
+                states[name] = _output_state(neutral, t != FLOAT or k in low_outputs)
 
     def _resolve_from_consumers(self, ctx: GraphContext, i: int, entry: PlanEntry) -> None:
         """Backward pass: neutral nodes and sources run low when all their
@@ -574,6 +560,11 @@ class Planner:
 
     def _is_float_data(self, t: int) -> bool:
         return t == FLOAT or t == self.low.onnx_type
+
+
+def _output_state(neutral: bool, low: bool) -> str:
+    """The data state of a float output: neutral while its node waits for its consumers, else low or fp32."""
+    return NEUTRAL if neutral else LOW if low else F32
 
 
 def _all_float_slots(ctx: GraphContext) -> list[tuple[tuple[int, ...], tuple[int, ...], bool]]:

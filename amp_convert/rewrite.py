@@ -29,7 +29,7 @@ from .external import is_external, read_array, retype_external
 from .graph import GraphContext, NameGenerator
 from .lists import DTYPE_AGNOSTIC_INPUTS, DTYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
 from .plan import Demand, Plan, PlanEntry, Precision
-from .safety import ConstantRanges, ValueStats, raw_float32, segment_counts, value_stats
+from .safety import ConstantRanges, ValueStats, raw_float32, segment_counts, small_raw, value_stats
 from .schema import is_default_domain
 
 
@@ -160,15 +160,6 @@ def lower_small_tensors(
         start = end
 
 
-def _small_raw(tensor: onnx.TensorProto, most: int = 1 << 16) -> bytes:
-    """The raw float32 bytes of a tensor :func:`lower_small_tensors` takes (up
-    to ``most`` values, inline, whole values), else b""."""
-    if tensor.data_location == onnx.TensorProto.EXTERNAL:
-        return b""
-    data = tensor.raw_data
-    return data if 0 < len(data) <= 4 * most and not len(data) % 4 else b""
-
-
 # Ops whose attributes fix their output type: rewritten when they run low.
 REWRITTEN_OPS = frozenset(DTYPE_ATTRIBUTE_OPS) | VALUE_ATTRIBUTE_OPS
 _LOW, _UNCHANGED = Precision.LOW, Precision.UNCHANGED
@@ -256,7 +247,8 @@ class Rewriter:
         self.base_dir = base_dir  # folder of the input's external data
         # name -> {element type: name of the tensor holding that version}, per scope
         self._versions: dict[str, dict[str, dict[int, str]]] = {}
-        self._constants: list[tuple[onnx.TensorProto, str]] = []  # small Constant values, lowered in one batch
+        # small Constant values (tensor, label, raw bytes), lowered in one batch
+        self._constants: list[tuple[onnx.TensorProto, str, bytes]] = []
         # per scope: (Casts to put first, Casts to put after node i), filled while its subgraphs are rewritten too
         self._placements: dict[str, tuple[list[bytes], dict[int, list[bytes]]]] = {}
 
@@ -289,7 +281,7 @@ class Rewriter:
                 continue
             wants = self.demand.requirements(ctx, name)
             if wants == {low} and name not in ctx.input_set:  # (an initializer listed as an input keeps its declared type)
-                raw = _small_raw(tensor)
+                raw = small_raw(tensor)
                 if raw:
                     batch.append(tensor)
                     blobs.append(raw)
@@ -307,11 +299,11 @@ class Rewriter:
         entries = self.plan.entries[ctx.path]
         subgraphs, ops, ins = ctx.subgraphs, ctx.ops, ctx.ins
         # A low node's float outputs change type in place: its readers see them low.
-        retyped = [
+        low_outputs = [
             outs[k] for entry, outs in zip(entries, ctx.outs, strict=True) if entry.precision is _LOW for k in entry.low_outputs
         ]
-        changed.update(dict.fromkeys(retyped, low))
-        versions.update({name: {low: name} for name in retyped})
+        changed.update(dict.fromkeys(low_outputs, low))
+        versions.update({name: {low: name} for name in low_outputs})
         output_producers = {ctx.producer[n] for n in ctx.output_names if n in ctx.producer}
         is_main = ctx.parent is None
         for i in _nodes_to_visit(ctx, entries, changed, low, output_producers):
@@ -369,9 +361,8 @@ class Rewriter:
 
     def _lower_constants_batch(self) -> None:
         if self._constants:
-            tensors = [t for t, _ in self._constants]
-            labels = [label for _, label in self._constants]
-            lower_small_tensors(tensors, self.low, self.stats, labels)
+            tensors, labels, blobs = (list(column) for column in zip(*self._constants, strict=True))
+            lower_small_tensors(tensors, self.low, self.stats, labels, blobs)
             self._constants.clear()
 
     def _fix_graph_outputs(self, ctx: GraphContext, i: int, node: onnx.NodeProto, changed: dict, after: dict) -> None:
@@ -473,8 +464,9 @@ class Rewriter:
     def _lower_constant(self, node: onnx.NodeProto) -> None:
         for idx, a in enumerate(node.attribute):
             if a.name == "value":
-                if _small_raw(a.t):
-                    self._constants.append((a.t, node.output[0]))
+                raw = small_raw(a.t)
+                if raw:
+                    self._constants.append((a.t, node.output[0], raw))
                 else:
                     lower_tensor(a.t, self.low, self.stats, node.output[0], self.base_dir)
             elif a.name in ("value_float", "value_floats"):

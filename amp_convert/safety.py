@@ -99,6 +99,16 @@ def constant_array(tensor: onnx.TensorProto, base_dir: Path | None = None) -> np
     return numpy_helper.to_array(tensor)
 
 
+def small_raw(tensor: onnx.TensorProto, most: int = 1 << 16) -> bytes:
+    """The raw bytes of an inline tensor of up to ``most`` float32 values
+    (whole ones), else b"": what the one-buffer passes over small weights
+    (statistics, lowering) take; the rest go tensor by tensor."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return b""
+    data = tensor.raw_data
+    return data if 0 < len(data) <= 4 * most and not len(data) % 4 else b""
+
+
 def raw_float32(tensor: onnx.TensorProto) -> np.ndarray:
     """A float32 tensor's raw data as an array (no copy). Raw data cut in
     the middle of a value passes the ONNX checker when it is not too short:
@@ -142,12 +152,11 @@ class ConstantRanges:
         pay numpy's per-call overhead for each). Tensors with non-finite
         values are left to :meth:`stats`."""
         names, blobs, size = [], [], 0
-        known, limit, chunk_bytes = self._stats, most * 4, chunk * 4
+        known, chunk_bytes = self._stats, chunk * 4
         for name, t in initializers.items():
-            inline_float = t.data_type == onnx.TensorProto.FLOAT and t.data_location != onnx.TensorProto.EXTERNAL
-            if inline_float and (scope, name) not in known:
-                data = t.raw_data
-                if 0 < len(data) <= limit and not len(data) % 4:  # (a torn one is left to stats)
+            if t.data_type == onnx.TensorProto.FLOAT and (scope, name) not in known:
+                data = small_raw(t, most)  # (others are left to stats)
+                if data:
                     names.append(name)
                     blobs.append(data)
                     size += len(data)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from helpers import iter_nodes, redundant_casts, run
+from helpers import init, iter_nodes, model, redundant_casts, run, value
 from onnx import helper
 
 from amp_convert import convert
@@ -67,40 +67,31 @@ def _branch_declaring_an_outer_value() -> onnx.ModelProto:
     declares ``h`` in its own value_info, as some exporters do: its type
     table then knows ``h`` as float32, and only its scope says it is not
     the branch's own."""
-    f32 = onnx.TensorProto.FLOAT
-    w = onnx.numpy_helper.from_array(np.eye(4, dtype=np.float32), "W")
-    then_g = helper.make_graph(
-        [helper.make_node("Softmax", ["h"], ["s"], name="then_softmax"), helper.make_node("Neg", ["s"], ["t"], name="then_neg")],
-        "then",
-        [],
-        [helper.make_tensor_value_info("t", f32, [2, 4])],
-        value_info=[helper.make_tensor_value_info("h", f32, [2, 4])],
-    )
-    else_out = [helper.make_tensor_value_info("e", f32, [2, 4])]
-    else_g = helper.make_graph([helper.make_node("Relu", ["h"], ["e"], name="else_relu")], "else", [], else_out)
+    then_nodes = [
+        helper.make_node("Softmax", ["h"], ["s"], name="then_softmax"),
+        helper.make_node("Neg", ["s"], ["t"], name="then_neg"),
+    ]
+    then_g = helper.make_graph(then_nodes, "then", [], [value("t")], value_info=[value("h")])
+    else_g = helper.make_graph([helper.make_node("Relu", ["h"], ["e"], name="else_relu")], "else", [], [value("e")])
     nodes = [
         helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
         helper.make_node("If", ["cond"], ["y"], name="if", then_branch=then_g, else_branch=else_g),
     ]
-    inputs = [helper.make_tensor_value_info("x", f32, [2, 4]), helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, [])]
-    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", f32, [2, 4])], [w])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model(
+        nodes, [value("x"), value("cond", onnx.TensorProto.BOOL, [])], [value("y")], [init("W", np.eye(4, dtype=np.float32))]
+    )
 
 
 def _graph_output_read_inside() -> onnx.ModelProto:
     """``h``, a low MatMul's output, is a graph output (kept fp32: its
     producer writes ``h_fp16`` and a Cast writes ``h``) and is read by a low
     Relu, which must be handed ``h_fp16``."""
-    f32 = onnx.TensorProto.FLOAT
-    w = onnx.numpy_helper.from_array(np.eye(4, dtype=np.float32), "W")
     nodes = [
         helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
         helper.make_node("Relu", ["h"], ["r"], name="relu"),
         helper.make_node("MatMul", ["r", "W"], ["z"], name="mm2"),
     ]
-    outputs = [helper.make_tensor_value_info(n, f32, [2, 4]) for n in ("h", "z")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", f32, [2, 4])], outputs, [w])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model(nodes, [value("x")], [value("h"), value("z")], [init("W", np.eye(4, dtype=np.float32))])
 
 
 BUILT = {"declared-outer": _branch_declaring_an_outer_value, "output-read-inside": _graph_output_read_inside}
@@ -120,6 +111,6 @@ def test_the_rewrite_visiting_only_filtered_nodes_writes_what_visiting_every_nod
     settings = [(level, dtype, io) for level in ("O1", "O2", "O3") for dtype in ("fp16", "bf16") for io in ("keep", "low")]
     filtered = [convert(original, level=lv, dtype=dt, io_types=io, check="none").model for lv, dt, io in settings]
     monkeypatch.setattr(rewrite, "_nodes_to_visit", lambda ctx, *_: list(range(len(ctx.ins))))
-    for (level, dtype, io), model in zip(settings, filtered, strict=True):
+    for (level, dtype, io), converted in zip(settings, filtered, strict=True):
         every = convert(original, level=level, dtype=dtype, io_types=io, check="none").model
-        assert model.SerializeToString(deterministic=True) == every.SerializeToString(deterministic=True), (level, dtype, io)
+        assert converted.SerializeToString(deterministic=True) == every.SerializeToString(deterministic=True), (level, dtype, io)
