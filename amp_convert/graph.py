@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 
+import numpy as np
 import onnx
 
 from .errors import AmpError
@@ -45,6 +47,8 @@ class GraphContext:
     initializers: dict[str, onnx.TensorProto] = field(default_factory=dict)
     types: dict[str, int] = field(default_factory=dict)  # element type per name defined or seen here
     assumed_float: set[str] = field(default_factory=set)  # undeclared outputs of white-listed custom ops
+    _input_slots: SlotTable | None = None
+    _output_slots: SlotTable | None = None
 
     def defines(self, name: str) -> bool:
         return name in self.producer or name in self.initializers or name in self.input_set
@@ -70,6 +74,18 @@ class GraphContext:
             ctx = ctx.parent
         return 0
 
+    def input_slots(self) -> SlotTable:
+        """Every node's input slots in one table (made on first use: the
+        planner and the rewriter both look at all of them)."""
+        if self._input_slots is None:
+            self._input_slots = slot_table(self.ins)
+        return self._input_slots
+
+    def output_slots(self) -> SlotTable:
+        if self._output_slots is None:
+            self._output_slots = slot_table(self.outs)
+        return self._output_slots
+
     def node_label(self, index: int) -> str:
         return node_label(self.nodes[index], index)
 
@@ -79,6 +95,40 @@ class GraphContext:
         for subs in self.subgraphs.values():
             for sub in subs:
                 yield from sub.walk()
+
+
+@dataclass(frozen=True)
+class SlotTable:
+    """The input (or output) slots of a graph's nodes, flattened in node
+    order: each slot's tensor name, node and position. Array operations over
+    all slots at once replace a Python loop per node on large graphs."""
+
+    names: list[str]
+    node: np.ndarray
+    slot: np.ndarray
+    counts: np.ndarray  # slots per node
+
+
+def slot_table(columns: list[list[str]]) -> SlotTable:
+    names = list(chain.from_iterable(columns))
+    counts = np.fromiter(map(len, columns), np.int64, len(columns))
+    node = np.repeat(np.arange(len(columns)), counts)
+    starts = np.cumsum(counts) - counts
+    return SlotTable(names, node, np.arange(len(names)) - np.repeat(starts, counts), counts)
+
+
+def distinct_rows(columns: list[list], codes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Groups the rows of equal-length ``columns`` (and of the int ``codes``
+    already given per row): the first row of each group, and each row's
+    group. One array pass per column, where a Python loop would hash a
+    tuple per row."""
+    n = len(columns[0])
+    codes = np.zeros(n, np.int64) if codes is None else codes
+    for column in columns:
+        index = {value: k for k, value in enumerate(dict.fromkeys(column))}
+        codes = codes * len(index) + np.fromiter(map(index.__getitem__, column), np.int64, n)
+    _, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+    return first, inverse.ravel()
 
 
 def node_label(node: onnx.NodeProto, index: int) -> str:

@@ -31,12 +31,14 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from itertools import repeat
 
+import numpy as np
 import onnx
 
 from .calibrate import Calibration
 from .dtypes import FLOAT, LowDtype
-from .graph import GraphContext, cast_to, checked_label
+from .graph import GraphContext, SlotTable, cast_to, checked_label, distinct_rows, not_utf8
 from .lists import (
     CONTROL_FLOW_OPS,
     DTYPE_AGNOSTIC_INPUTS,
@@ -133,8 +135,6 @@ class Plan:
         return "\n".join(lines)
 
 
-# Ops whose rules look past their kind (a Cast's target type, a Constant's value).
-_CONTEXT_OPS = frozenset({"Cast", "Constant"})
 # Rules whose verdict is about one node's own inputs, not its kind.
 _NODE_RULES = frozenset({"safety-initializer-range", "safety-data-range"})
 
@@ -234,8 +234,11 @@ class Planner:
         self._has_qdq = False  # set per graph: any DequantizeLinear / QuantizeLinear
         self._by_kind = not (self.keep_patterns or self.force_patterns or self.keep_names or self.force_names)
         self._decisions: dict[tuple, tuple] = {}  # (op, domain, float slots) -> decision, without name rules
-        # ((op, domain, float slots), states reaching a follow node) -> the node's forward outcome
-        self._outcomes: dict[tuple, tuple] = {}
+        # (op, domain, float slots) -> a number standing for that kind of node in every graph
+        self._kind_numbers: dict[tuple, int] = {}
+        # kind number * 4 + states reaching a follow node (0 for others) -> the node's forward outcome
+        self._outcomes: dict[int, tuple] = {}
+        self._follows: dict[int, bool] = {}  # kind number -> whether its nodes follow their inputs
         self._float_slots: list = []
 
     # ---------------------------------------------------------------- driver
@@ -262,7 +265,8 @@ class Planner:
                 states[name] = NEUTRAL
         self._has_qdq = has_qdq = not {"DequantizeLinear", "QuantizeLinear"}.isdisjoint(ctx.ops)
         # Float32 input and output slots of every node, found once and shared by all rules.
-        self._float_slots = floats = _all_float_slots(ctx)
+        floats, patterns = _all_float_slots(ctx)
+        self._float_slots = floats
         pending: list[int] = []  # neutral follow nodes and sources, resolved backwards
         subgraphs = ctx.subgraphs
         path, nodes, ops, domains, ins = ctx.path, ctx.nodes, ctx.ops, ctx.domains, ctx.ins
@@ -272,17 +276,17 @@ class Planner:
         # and reused, inline (this loop runs once per node). The safety rules
         # still look at each node's own inputs.
         reuse = self._by_kind and not has_qdq
-        outcomes = self._outcomes
+        kinds = self._kind_ids(ctx, floats, patterns) if reuse else [-1] * len(nodes)
+        outcomes, follows = self._outcomes, self._follows
+        labels = [node.name for node in nodes]  # (checked as they are used: see checked_label)
         # Names whose constant values the safety rule must look at (the data-range rule looks at every node).
         suspects = self.ranges.suspects(ctx, self.low) if self.constants_rule and not self.calibration else None
         # Without tensors already in the low dtype, a node's float32 outputs are the ones given a state.
         low_typed = self.low.onnx_type in types.values()
-        for i in range(len(nodes)):
-            op = ops[i]
-            kind = (op, domains[i], floats[i]) if reuse and op not in _CONTEXT_OPS and i not in subgraphs else None
-            decision = self._decisions.get(kind) if kind is not None else None
-            if decision is not None:
-                outcome = outcomes.get((kind, self._seen_states(ctx, i) if decision[3] == _FOLLOW else 0))
+        for i, kind in enumerate(kinds):
+            follow = follows.get(kind) if kind >= 0 else None
+            if follow is not None:
+                outcome = outcomes.get(kind * 4 + (self._seen_states(ctx, i) if follow else 0))
                 if outcome is not None:
                     precision, rule, reason, low_inputs, low_outputs, state, checked, out_states = outcome
                     if not (
@@ -290,7 +294,9 @@ class Planner:
                         and (suspects is None or not suspects.isdisjoint(ins[i]))
                         and self._safety_problem(ctx, i, low_inputs)
                     ):
-                        label = checked_label(nodes[i], i)
+                        op, label = ops[i], labels[i] or f"{ops[i]}_{i}"
+                        if type(label) is not str:
+                            raise not_utf8(label)
                         entry = PlanEntry(path, i, label, op, domains[i], precision, rule, reason, low_inputs, low_outputs)
                         entries.append(entry)
                         neutral = state is NEUTRAL or state is _SOURCE
@@ -307,16 +313,16 @@ class Planner:
             entries.append(entry)
             if state == _FOLLOW and not self._resolve_follow(ctx, i, entry):
                 state = NEUTRAL
-            if kind is not None and entry.rule not in _NODE_RULES:
-                decision = self._decisions[kind]
+            if kind >= 0 and entry.rule not in _NODE_RULES:
+                follow = follows[kind] = self._decisions[ops[i], domains[i], floats[i]][3] == _FOLLOW
                 low = entry.precision is Precision.LOW
                 neutral = state in (NEUTRAL, _SOURCE)
-                outcomes[kind, self._seen_states(ctx, i) if decision[3] == _FOLLOW else 0] = (
+                outcomes[kind * 4 + (self._seen_states(ctx, i) if follow else 0)] = (
                     *(entry.precision, entry.rule, entry.reason, entry.low_inputs, entry.low_outputs),
                     state,
                     low and self.safety,  # the safety rules looked at this node's own inputs
                     # the state each float32 output takes (as _record_output_states gives it)
-                    tuple((k, _output_state(neutral, low and k in entry.low_outputs)) for k in kind[2][1]),
+                    tuple((k, _output_state(neutral, low and k in entry.low_outputs)) for k in floats[i][1]),
                 )
             if state in (NEUTRAL, _SOURCE):
                 pending.append(i)
@@ -329,6 +335,29 @@ class Planner:
             self._record_output_states(ctx, i, entry, neutral=state in (NEUTRAL, _SOURCE))
         for i in reversed(pending):
             self._resolve_from_consumers(ctx, i, entries[i])
+
+    def _kind_ids(self, ctx: GraphContext, floats: list[tuple], patterns: np.ndarray) -> list[int]:
+        """Per node, the number of its kind (op, domain, float32 slots), the
+        same in every graph of the model; -1 where the forward outcome is not
+        reused (the rules look at a Cast's target type and at a sparse
+        Constant; control flow plans bodies). Numbered once per distinct
+        kind, with array operations: the planner's loop hashes an int, not
+        a kind."""
+        if not ctx.ops:
+            return []
+        first, inverse = distinct_rows([ctx.ops, ctx.domains], patterns + 1)  # (0: slots worked out alone)
+        numbers = self._kind_numbers
+        ids = [numbers.setdefault((ctx.ops[i], ctx.domains[i], floats[i]), len(numbers)) for i in first.tolist()]
+        kinds = np.asarray(ids, np.int64)[inverse].tolist()
+        for i in np.flatnonzero(patterns < 0).tolist():
+            kinds[i] = numbers.setdefault((ctx.ops[i], ctx.domains[i], floats[i]), len(numbers))
+        nodes = ctx.nodes
+        for i, op in enumerate(ctx.ops):
+            if op == "Cast" or (op == "Constant" and any(a.name == "sparse_value" for a in nodes[i].attribute)):
+                kinds[i] = -1
+        for i in ctx.subgraphs:
+            kinds[i] = -1
+        return kinds
 
     def _seen_states(self, ctx: GraphContext, i: int) -> int:
         """Which data states reach node ``i`` (bits _SEEN_LOW, _SEEN_F32), as the follow rule sees them."""
@@ -567,22 +596,74 @@ def _output_state(neutral: bool, low: bool) -> str:
     return NEUTRAL if neutral else LOW if low else F32
 
 
-def _all_float_slots(ctx: GraphContext) -> list[tuple[tuple[int, ...], tuple[int, ...], bool]]:
-    """:func:`_float_slots` of every node. Nodes whose tensors all have
-    types in this graph share the answer per pattern of types (one lookup
-    where a graph repeats a few hundred patterns)."""
-    get = ctx.types.get
-    by_types: dict[tuple, tuple] = {}
-    slots = []
-    for i, (node_ins, node_outs) in enumerate(zip(ctx.ins, ctx.outs, strict=True)):
-        key = (tuple(map(get, node_ins)), tuple(map(get, node_outs)))
-        found = by_types.get(key)
-        if found is None:
-            found = _float_slots(ctx, i)
-            if None not in key[0] and None not in key[1]:  # (an absent, outer or untyped name: this node only)
-                by_types[key] = found
-        slots.append(found)
-    return slots
+# Each slot's kind, two bits a slot in a node's code (see _all_float_slots).
+_OTHER_SLOT, _FLOAT_SLOT, _UNKNOWN_SLOT, _SEQUENCE_SLOT = 0, 1, 2, 3
+_CODED_SLOTS = 31  # slots a 62-bit code holds
+_UNTYPED, _ABSENT = -2, -3  # (a name the graph's type table does not hold; an empty name)
+
+
+def _all_float_slots(ctx: GraphContext) -> tuple[list[tuple[tuple[int, ...], tuple[int, ...], bool]], np.ndarray]:
+    """:func:`_float_slots` of every node, worked out once per pattern of
+    slot kinds (a graph repeats a few hundred): each tensor's type is looked
+    up once and the patterns are found with array operations. Nodes reading
+    a name this graph holds no type for (an outer value, an untyped name) or
+    with more slots than a code holds are worked out one by one. Also each
+    node's pattern number (-1 for those worked out alone)."""
+    n = len(ctx.ins)
+    if not n:
+        return [], np.zeros(0, np.int64)
+    in_codes, in_odd = _slot_codes(ctx.input_slots(), ctx.types, _UNTYPED)
+    out_codes, out_odd = _slot_codes(ctx.output_slots(), ctx.types, 0)  # (an untyped output is unknown)
+    in_kinds, in_index = np.unique(in_codes, return_inverse=True)
+    out_kinds, out_index = np.unique(out_codes, return_inverse=True)
+    kinds, kind_index = np.unique(in_index.ravel() * len(out_kinds) + out_index.ravel(), return_inverse=True)
+    patterns = []
+    for kind in kinds.tolist():
+        float_ins, in_unknown, in_sequence = _decode(int(in_kinds[kind // len(out_kinds)]))
+        float_outs, out_unknown, out_sequence = _decode(int(out_kinds[kind % len(out_kinds)]))
+        sequence = (in_sequence or out_sequence) and bool(float_ins or float_outs)
+        patterns.append((float_ins, float_outs, in_unknown or out_unknown or sequence))
+    numbers = kind_index.ravel()
+    slots = list(map(patterns.__getitem__, numbers.tolist()))
+    odd = in_odd | out_odd
+    for i in np.flatnonzero(odd).tolist():
+        slots[i] = _float_slots(ctx, i)
+    numbers[odd] = -1
+    return slots, numbers
+
+
+def _slot_codes(table: SlotTable, types: dict[str, int], untyped: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per node: its slots' kinds as one code, and whether the code cannot
+    stand for it (an input of no type here, more slots than a code holds)."""
+    n = len(table.counts)
+    odd = table.counts > _CODED_SLOTS
+    codes = np.zeros(n, np.int64)
+    if not table.names:
+        return codes, odd
+    t = np.fromiter(map(types.get, table.names, repeat(untyped)), np.int64, len(table.names))
+    if "" in types or "" in table.names:  # (an empty name is an absent optional tensor: no type to look at)
+        t[[k for k, name in enumerate(table.names) if not name]] = _ABSENT
+    kind = np.select([t == FLOAT, t == 0, t == NOT_A_TENSOR], [_FLOAT_SLOT, _UNKNOWN_SLOT, _SEQUENCE_SLOT], _OTHER_SLOT)
+    odd[table.node[t == _UNTYPED]] = True
+    coded = table.slot < _CODED_SLOTS
+    values = np.where(coded, kind << (2 * np.minimum(table.slot, _CODED_SLOTS - 1)), 0)
+    filled = table.counts > 0
+    codes[filled] = np.add.reduceat(values, (np.cumsum(table.counts) - table.counts)[filled])
+    return codes, odd
+
+
+def _decode(code: int) -> tuple[tuple[int, ...], bool, bool]:
+    """(float32 slots, some slot unknown, some slot a sequence) of a code."""
+    floats, unknown, sequence, slot = [], False, False, 0
+    while code:
+        kind = code & 3
+        if kind == _FLOAT_SLOT:
+            floats.append(slot)
+        unknown |= kind == _UNKNOWN_SLOT
+        sequence |= kind == _SEQUENCE_SLOT
+        code >>= 2
+        slot += 1
+    return tuple(floats), unknown, sequence
 
 
 def _float_slots(ctx: GraphContext, i: int) -> tuple[tuple[int, ...], tuple[int, ...], bool]:

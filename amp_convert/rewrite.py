@@ -16,8 +16,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -177,8 +178,31 @@ class _SlotMasks(dict):
         return mask
 
 
+@dataclass
+class _SlotReads:
+    """For every input slot of a graph (its :meth:`GraphContext.input_slots`
+    order): whether its node reads it low under the plan, and whether the
+    read is dtype-agnostic (by op, as the rewrite's loop skips it). Slots past
+    ``_MASK_SLOTS`` are ``odd``: the masks cannot say; they are looked at
+    one by one."""
+
+    low: np.ndarray
+    agnostic: np.ndarray
+    odd: np.ndarray
+
+
+def _slot_reads(ctx: GraphContext, entries: list[PlanEntry]) -> _SlotReads:
+    table = ctx.input_slots()
+    node, slot, n = table.node, table.slot, len(ctx.ins)
+    masks = _SlotMasks()
+    low_masks = np.fromiter(map(masks.__getitem__, [e.low_inputs if e.precision is _LOW else () for e in entries]), np.int64, n)
+    agnostic_masks = np.fromiter(map(_AGNOSTIC_MASKS.get, ctx.ops, repeat(0)), np.int64, n)
+    bit = np.left_shift(1, np.minimum(slot, _MASK_SLOTS))
+    return _SlotReads((low_masks[node] & bit) != 0, (agnostic_masks[node] & bit) != 0, slot >= _MASK_SLOTS)
+
+
 def _nodes_to_visit(
-    ctx: GraphContext, entries: list[PlanEntry], changed: dict[str, int], low: int, output_producers: set[int]
+    ctx: GraphContext, entries: list[PlanEntry], reads: _SlotReads, changed: dict[str, int], output_producers: set[int]
 ) -> list[int]:
     """The nodes the rewrite must look at, in graph order: those with an
     input whose tensor may not have the type the node reads it in, control
@@ -195,28 +219,20 @@ def _nodes_to_visit(
     always.update(i for i, op in enumerate(ctx.ops) if op in REWRITTEN_OPS and entries[i].precision is _LOW)
     for name in ctx.output_names:  # (its producer may rename it: its readers then need the Cast's)
         always.update(j for j, _ in ctx.consumers.get(name, ()))
-    ins = ctx.ins
-    flat = list(chain.from_iterable(ins))
+    table = ctx.input_slots()
+    flat, node = table.names, table.node
     if not flat:
         return sorted(always)
-    n, count = len(ins), len(flat)
-    lens = np.fromiter(map(len, ins), np.int64, n)
-    node = np.repeat(np.arange(n), lens)
-    slot = np.arange(count) - np.repeat(np.cumsum(lens) - lens, lens)
+    n, count = len(ctx.ins), len(flat)
     # Each input's tensor in one lookup: its type, or _RETYPED if it was float32 and is low now.
     types = ctx.types.copy()
     types.update(dict.fromkeys(changed, _RETYPED))
     t = np.fromiter(map(types.get, flat, repeat(_UNTYPED)), np.int64, count)
-    masks = _SlotMasks()
-    low_masks = np.fromiter(map(masks.__getitem__, [e.low_inputs if e.precision is _LOW else () for e in entries]), np.int64, n)
-    agnostic_masks = np.fromiter(map(_AGNOSTIC_MASKS.get, ctx.ops, repeat(0)), np.int64, n)
-    bit = np.left_shift(1, np.minimum(slot, _MASK_SLOTS))
-    read_low = (low_masks[node] & bit) != 0
-    look = np.where(read_low, t == FLOAT, t == _RETYPED)  # read low but float32, or read float32 but now low
-    look |= (t == _UNTYPED) | (slot >= _MASK_SLOTS)
+    look = np.where(reads.low, t == FLOAT, t == _RETYPED)  # read low but float32, or read float32 but now low
+    look |= (t == _UNTYPED) | reads.odd
     if ctx.parent is not None:
         look |= ~np.fromiter(map(ctx.defines, flat), bool, count)  # (an outer value: its versions live there)
-    look &= (agnostic_masks[node] & bit) == 0
+    look &= ~reads.agnostic
     if not keep_all:
         look &= np.fromiter((e.precision is not _UNCHANGED for e in entries), bool, n)[node]
     always.update(np.unique(node[look]).tolist())
@@ -276,11 +292,16 @@ class Rewriter:
         batch: list[onnx.TensorProto] = []  # small raw ones, lowered in one pass
         blobs: list[bytes] = []  # (their bytes)
         types = ctx.types
-        for name, tensor in ctx.initializers.items():
-            if types.get(name) != FLOAT:  # (its data type, without reading the proto)
-                continue
-            wants = self.demand.requirements(ctx, name)
-            if wants == {low} and name not in ctx.input_set:  # (an initializer listed as an input keeps its declared type)
+        entries = self.plan.entries[ctx.path]
+        reads = _slot_reads(ctx, entries)
+        floats = [name for name in ctx.initializers if types.get(name) == FLOAT]  # (its data type, without reading the proto)
+        for name, (read_low, read_f32) in zip(floats, self._initializer_reads(ctx, floats, reads), strict=True):
+            tensor = ctx.initializers[name]
+            if read_low is None:  # (the arrays cannot say: its readers are asked one by one)
+                wants = self.demand.requirements(ctx, name)
+                read_low, read_f32 = low in wants, bool(wants - {low})
+            # (an initializer listed as an input keeps its declared type)
+            if read_low and not read_f32 and name not in ctx.input_set:
                 raw = small_raw(tensor)
                 if raw:
                     batch.append(tensor)
@@ -292,11 +313,10 @@ class Rewriter:
                 versions[name] = {low: name}
                 changed[name] = low
                 self.stats.initializers_lowered += 1
-            elif low in wants:
+            elif read_low:
                 self.stats.initializers_shared += 1
         lower_small_tensors(batch, self.low, self.stats, blobs=blobs)
 
-        entries = self.plan.entries[ctx.path]
         subgraphs, ops, ins = ctx.subgraphs, ctx.ops, ctx.ins
         # A low node's float outputs change type in place: its readers see them low.
         low_outputs = [
@@ -306,7 +326,7 @@ class Rewriter:
         versions.update({name: {low: name} for name in low_outputs})
         output_producers = {ctx.producer[n] for n in ctx.output_names if n in ctx.producer}
         is_main = ctx.parent is None
-        for i in _nodes_to_visit(ctx, entries, changed, low, output_producers):
+        for i in _nodes_to_visit(ctx, entries, reads, changed, output_producers):
             entry = entries[i]
             inputs = ins[i]
             low_inputs = entry.low_inputs if entry.precision is _LOW else ()
@@ -358,6 +378,36 @@ class Rewriter:
         if top or after:
             _place(ctx, top, after)
             self.stats.casts_inserted += len(top) + sum(len(v) for v in after.values())
+
+    @staticmethod
+    def _initializer_reads(ctx: GraphContext, names: list[str], reads: _SlotReads) -> Iterator[tuple[bool | None, bool]]:
+        """Per float32 initializer of ``names``: whether some node reads it
+        low, and whether some reads it as float32 (the two questions the
+        rewrite asks of :meth:`Demand.requirements`), from the slot arrays;
+        (None, False) where they cannot say: a reader at an odd slot, a
+        subgraph capturing it, a graph output of that name."""
+        if not names:
+            return iter(())
+        table = ctx.input_slots()
+        index = {name: k for k, name in enumerate(names) if name}
+        at = np.fromiter(map(index.get, table.names, repeat(-1)), np.int64, len(table.names))
+        read = at >= 0
+        custom = [i for i, domain in enumerate(ctx.domains) if not is_default_domain(domain)]
+        agnostic = reads.agnostic.copy()
+        if custom:  # (only default-domain ops read dtype-agnostically)
+            agnostic[np.isin(table.node, custom)] = False
+        real = read & ~agnostic
+        low = np.zeros(len(names), bool)
+        low[at[real & reads.low]] = True
+        f32 = np.zeros(len(names), bool)
+        f32[at[real & ~reads.low]] = True
+        unsure = np.zeros(len(names), bool)
+        unsure[at[read & reads.odd]] = True
+        for name in (*ctx.captured_by, *ctx.output_names):
+            if name in index:
+                unsure[index[name]] = True
+        rows = zip(low.tolist(), f32.tolist(), unsure.tolist(), strict=True)
+        return ((None, False) if odd else (by_low, by_f32) for by_low, by_f32, odd in rows)
 
     def _lower_constants_batch(self) -> None:
         if self._constants:

@@ -13,7 +13,7 @@ import onnx
 from onnx import TensorProto
 
 from .dtypes import TYPE_STR_TO_ELEM
-from .graph import GraphContext
+from .graph import GraphContext, distinct_rows
 from .lists import DTYPE_ATTRIBUTE_OPS
 from .schema import Signature, is_default_domain, signature
 
@@ -55,7 +55,16 @@ def infer_types(
     for name, tensor in ctx.initializers.items():
         types[name] = tensor.data_type
     subgraphs = ctx.subgraphs
+    single = _single_output_rules(ctx, opsets, rules)
     for i, outs in enumerate(ctx.outs):
+        rule = single[i]
+        if rule is not None:  # (the common node, inline: one default-domain output, typed by the schema)
+            name = outs[0]
+            if name and name not in types:
+                t = _by_rule(ctx, ctx.ins[i], rule)
+                if t:
+                    types[name] = t
+            continue
         subs = subgraphs.get(i, ()) if subgraphs else ()
         for sub in subs:
             infer_types(sub, opsets, rules, assume_float)
@@ -76,20 +85,36 @@ def infer_types(
             rule = rules.get(key)
             if rule is None:
                 rule = rules[key] = _generic_rule(_signature(op, domain, opsets), k, len(ins))
-            slots, fallback = rule
-            t = 0
-            for slot in slots:
-                name = ins[slot]
-                if name:
-                    t = types.get(name) or ctx.type_of(name)
-                    if t:
-                        break
-            t = t or fallback
+            t = _by_rule(ctx, ins, rule)
             if not t and assume_float and not is_default_domain(domain) and f"{domain}::{op}" in assume_float:
                 t = TensorProto.FLOAT
                 ctx.assumed_float.add(outs[k])
             if t:
                 types[outs[k]] = t
+
+
+def _single_output_rules(ctx: GraphContext, opsets: dict[str, int], rules: dict) -> list[tuple | None]:
+    """Per node, the :func:`_generic_rule` of its one output where that is
+    all there is to it (a default-domain op of one output, no subgraph, no
+    type from an attribute); None for the rest. Worked out once per distinct
+    (op, domain, input count) with array operations."""
+    if not ctx.ops:
+        return []
+    first, inverse = distinct_rows([ctx.ops, ctx.domains], ctx.input_slots().counts * 2 + (ctx.output_slots().counts == 1))
+    found: list[tuple | None] = []
+    for i in first.tolist():
+        op, domain, n_inputs = ctx.ops[i], ctx.domains[i], len(ctx.ins[i])
+        if len(ctx.outs[i]) != 1 or not is_default_domain(domain) or op in _SPECIAL_OPS:
+            found.append(None)
+            continue
+        key = (op, domain, 0, n_inputs)
+        if key not in rules:
+            rules[key] = _generic_rule(_signature(op, domain, opsets), 0, n_inputs)
+        found.append(rules[key])
+    single = list(map(found.__getitem__, inverse.tolist()))
+    for i in ctx.subgraphs:
+        single[i] = None
+    return single
 
 
 def _signature(op: str, domain: str, opsets: dict[str, int]) -> Signature | None:
@@ -118,12 +143,18 @@ def _output_type(ctx: GraphContext, i: int, node: onnx.NodeProto, k: int, sig: S
     special = _special_output_type(ctx, node, k, subs)
     if special is not None:
         return special
-    slots, fallback = _generic_rule(sig, k, len(ctx.ins[i]))
+    return _by_rule(ctx, ctx.ins[i], _generic_rule(sig, k, len(ctx.ins[i])))
+
+
+def _by_rule(ctx: GraphContext, ins: list[str], rule: tuple[tuple[int, ...], int]) -> int:
+    """The type a rule of :func:`_generic_rule` gives: the first known type of its input slots, else its fallback."""
+    slots, fallback = rule
     for slot in slots:
-        name = ctx.ins[i][slot]
-        t = (ctx.types.get(name) or ctx.type_of(name)) if name else 0
-        if t:
-            return t
+        name = ins[slot]
+        if name:
+            t = ctx.types.get(name) or ctx.type_of(name)
+            if t:
+                return t
     return fallback
 
 

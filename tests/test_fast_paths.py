@@ -1,0 +1,138 @@
+"""The converter's array fast paths against the general code they stand in
+for: each is switched off in turn and the conversion must come out the
+same (model bytes, plan, rewrite statistics), on the rule graphs, zoo models
+with control flow, and a graph made of the cases the arrays cannot encode
+(a node of 70 inputs, an absent optional input, a sequence, a tensor of no
+known type, custom-domain ops named like dtype-agnostic ones)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from helpers import init, model, value
+from onnx import TensorProto, helper, numpy_helper
+
+from amp_convert import convert, plan, rewrite, typeinfo
+from amp_convert.graph import build_context
+from amp_convert.schema import model_opsets
+from models.rule_graphs import RULE_GRAPHS
+
+ZOO = Path(__file__).resolve().parents[1] / "models" / "zoo"
+
+
+def _odd_cases() -> onnx.ModelProto:
+    """Nodes whose slots the arrays cannot encode or that read a name with
+    no type: each must be worked out as the per-node code does."""
+    w = np.full((2, 4), 0.5, np.float32)
+    body = helper.make_graph(
+        [helper.make_node("Relu", ["element"], ["relu"], name="body_relu")],
+        "body",
+        [value("element", shape=None)],
+        [value("relu", shape=None)],
+    )
+    sparse = helper.make_sparse_tensor(
+        numpy_helper.from_array(np.float32([3.0]), "sparse"), numpy_helper.from_array(np.int64([5])), [2, 4]
+    )
+    nodes = [
+        # 70 inputs: past the 31 slots a kind code holds and the 62 a bit mask holds; the last an initializer
+        helper.make_node("Concat", ["x"] * 69 + ["Wcat"], ["cat"], name="wide", axis=0),
+        helper.make_node("ReduceMean", ["cat"], ["mean"], name="mean", axes=[0], keepdims=1),
+        helper.make_node("Clip", ["mean", "", "hi"], ["clip"], name="clip"),  # an absent optional input
+        helper.make_node("SequenceConstruct", ["clip", "x"], ["seq"], name="seq"),
+        helper.make_node("SequenceAt", ["seq", "idx"], ["at"], name="at"),
+        helper.make_node("Mystery", ["at"], ["mystery"], name="mystery", domain="custom"),  # output of no known type
+        helper.make_node("Add", ["mystery", "x"], ["unknown_sum"], name="unknown_sum"),
+        # W is read low by a MatMul, dtype-agnostically by Shape, and as it is by a custom op called Shape
+        helper.make_node("MatMul", ["x", "W"], ["mm"], name="mm"),
+        helper.make_node("Shape", ["W"], ["shape"], name="shape"),
+        helper.make_node("Shape", ["W"], ["custom_shape"], name="custom_shape", domain="custom"),
+        helper.make_node("MatMul", ["x", "Wlow"], ["mm2"], name="mm2"),
+        helper.make_node("Shape", ["Wlow"], ["shape2"], name="shape2"),
+        helper.make_node("Add", ["mm", "mm2"], ["y"], name="sum"),
+        # a body in a node of one output, typed where its node is
+        helper.make_node("SequenceMap", ["seq"], ["mapped"], name="map", body=body),
+        # a sparse Constant after a dense one of the same kind: only the dense one's outcome is reused
+        helper.make_node("Constant", [], ["dense"], name="dense", value=numpy_helper.from_array(w)),
+        helper.make_node("Constant", [], ["sparse"], name="sparse", sparse_value=sparse),
+        helper.make_node("Mul", ["dense", "sparse"], ["product"], name="product"),
+    ]
+    outputs = [value("y"), value("unknown_sum"), value("shape", TensorProto.INT64, [2])]
+    outputs += [value("shape2", TensorProto.INT64, [2]), value("custom_shape", TensorProto.INT64, [2]), value("product")]
+    outputs.append(helper.make_tensor_sequence_value_info("mapped", TensorProto.FLOAT, None))
+    initializers = [
+        init("Wcat", w),
+        init("hi", np.float32(6.0)),
+        init("W", np.eye(4, dtype=np.float32)),
+        init("Wlow", w.T.copy()),
+    ]
+    return model(
+        nodes,
+        [value("x"), value("idx", TensorProto.INT64, [])],
+        outputs,
+        initializers,
+        extra_opsets=[("custom", 1)],
+    )
+
+
+CASES = [*sorted(RULE_GRAPHS), "zoo:controlflow", "zoo:lstm", "zoo:gpt2", "odd"]
+
+
+def _load(name: str) -> onnx.ModelProto:
+    if name == "odd":
+        return _odd_cases()
+    return RULE_GRAPHS[name]() if name in RULE_GRAPHS else onnx.load(str(ZOO / f"{name[4:]}.onnx"))
+
+
+def _results(original: onnx.ModelProto) -> list[tuple[bytes, str, dict]]:
+    out = []
+    for level in ("O1", "O2", "O3"):
+        for dtype in ("fp16", "bf16"):
+            for io in ("keep", "low"):
+                r = convert(original, level=level, dtype=dtype, io_types=io, check="none")
+                out.append((r.model.SerializeToString(deterministic=True), r.plan.to_json(), r.stats.as_dict()))
+    return out
+
+
+def _per_node_float_slots(ctx):
+    return [plan._float_slots(ctx, i) for i in range(len(ctx.ins))], np.full(len(ctx.ins), -1, np.int64)
+
+
+# Each fast path, and how to switch it off: the general code then does its work.
+SWITCH_OFF = {
+    "float-slot patterns": (plan, "_all_float_slots", _per_node_float_slots),
+    "single-output type rules": (typeinfo, "_single_output_rules", lambda ctx, *_: [None] * len(ctx.ops)),
+    "reused plan outcomes": (plan.Planner, "_kind_ids", lambda self, ctx, *_: [-1] * len(ctx.ops)),
+    "initializer reads": (
+        rewrite.Rewriter,
+        "_initializer_reads",
+        staticmethod(lambda ctx, names, reads: iter([(None, False)] * len(names))),
+    ),
+}
+
+
+@pytest.mark.parametrize("fast_path", sorted(SWITCH_OFF))
+@pytest.mark.parametrize("name", CASES)
+def test_a_fast_path_switched_off_changes_nothing(name, fast_path, monkeypatch):
+    original = _load(name)
+    fast = _results(original)
+    monkeypatch.setattr(*SWITCH_OFF[fast_path])
+    assert _results(original) == fast
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_float_slot_patterns_match_the_per_node_answer(name):
+    """Node by node, in every graph and subgraph (the end-to-end test above
+    only sees the slots that change a decision)."""
+    original = _load(name)
+    root = build_context(original.graph)
+    typeinfo.infer_types(root, model_opsets(original))
+    for ctx in root.walk():
+        slots, patterns = plan._all_float_slots(ctx)
+        assert slots == _per_node_float_slots(ctx)[0], ctx.path
+        assert len(patterns) == len(ctx.ins)
+        if name == "odd" and ctx.parent is None:  # (the per-node path is for what the codes cannot hold)
+            worked_alone = {ctx.nodes[i].name for i in np.flatnonzero(patterns < 0).tolist()}
+            assert worked_alone == {"wide", "mystery", "unknown_sum"}  # (70 slots; inputs of no type)
