@@ -1,7 +1,5 @@
 """``python -m amp_convert`` runs the command line."""
 
-import sys
+from .cli import command
 
-from .cli import main
-
-sys.exit(main())
+command()

@@ -261,8 +261,10 @@ class Rewriter:
         self.retyped: dict[str, int] = {}  # every tensor whose type changed or that is new -> its type
         self.new_casts: list[tuple[str, str, int]] = []  # (source, target, to) of every Cast it added
         self.base_dir = base_dir  # folder of the input's external data
-        # name -> {element type: name of the tensor holding that version}, per scope
+        # name -> {element type: name of the tensor holding that version}, per scope: for tensors with
+        # a Cast of their own or a renamed graph output (one retyped in place is found in _changed)
         self._versions: dict[str, dict[str, dict[int, str]]] = {}
+        self._changed: dict[str, dict[str, int]] = {}  # per scope: tensor -> its new element type
         # small Constant values (tensor, label, raw bytes), lowered in one batch
         self._constants: list[tuple[onnx.TensorProto, str, bytes]] = []
         # per scope: (Casts to put first, Casts to put after node i), filled while its subgraphs are rewritten too
@@ -281,13 +283,13 @@ class Rewriter:
         after: dict[int, list[bytes]] = {}
         self._placements[ctx.path] = (top, after)
         changed: dict[str, int] = {}  # tensor -> new element type (for value_info)
+        self._changed[ctx.path] = changed
         low = self.low.onnx_type
 
         if ctx.parent is None and self.io_low:
             for value in ctx.graph.input:
                 if ctx.types.get(value.name) == FLOAT and value.name not in ctx.initializers:
                     value.type.tensor_type.elem_type = low
-                    versions[value.name] = {low: value.name}
                     changed[value.name] = low
         batch: list[onnx.TensorProto] = []  # small raw ones, lowered in one pass
         blobs: list[bytes] = []  # (their bytes)
@@ -310,7 +312,6 @@ class Rewriter:
                     external = self.ranges is not None and is_external(tensor)
                     known = self.ranges.stats(ctx.path, name, tensor) if external else None
                     lower_tensor(tensor, self.low, self.stats, base_dir=self.base_dir, values=known)
-                versions[name] = {low: name}
                 changed[name] = low
                 self.stats.initializers_lowered += 1
             elif read_low:
@@ -323,7 +324,6 @@ class Rewriter:
             outs[k] for entry, outs in zip(entries, ctx.outs, strict=True) if entry.precision is _LOW for k in entry.low_outputs
         ]
         changed.update(dict.fromkeys(low_outputs, low))
-        versions.update({name: {low: name} for name in low_outputs})
         output_producers = {ctx.producer[n] for n in ctx.output_names if n in ctx.producer}
         is_main = ctx.parent is None
         for i in _nodes_to_visit(ctx, entries, reads, changed, output_producers):
@@ -449,11 +449,16 @@ class Rewriter:
     # ---------------------------------------------------------------- versions
 
     def _lookup(self, ctx: GraphContext, name: str) -> dict[int, str] | None:
+        """The versions of ``name`` (from the scope defining it), or None if
+        it has only itself, of its own type."""
         scope: GraphContext | None = ctx
         while scope is not None:
             vs = self._versions.get(scope.path, {}).get(name)
             if vs is not None:
                 return vs
+            retyped = self._changed.get(scope.path, {}).get(name)
+            if retyped is not None:  # (retyped in place: it is its only version)
+                return {retyped: name}
             if scope.defines(name):
                 return None
             scope = scope.parent

@@ -39,6 +39,19 @@ def test_console_script_converts_with_default_output_name(resnet):
     assert out.stat().st_size < 0.6 * len(before)  # weights stored in fp16
 
 
+def test_python_dash_m_runs_the_command_with_its_exit_codes(resnet, tmp_path):
+    """``python -m amp_convert`` is the command: its output arrives whole and
+    its exit code is main's, though the process skips the interpreter's teardown."""
+    run = [sys.executable, "-m", "amp_convert"]
+    ok = subprocess.run([*run, str(resnet), "-o", str(tmp_path / "out.onnx"), "--check", "none"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    # (the summary line is written last: all of it, with its newline)
+    assert "out.onnx: O2 fp16" in ok.stdout.splitlines()[-1] and ok.stdout.endswith(" s\n")
+    bad = subprocess.run([*run, str(tmp_path / "missing.onnx")], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert bad.stderr.count("\n") == 1 and "no such file" in bad.stderr
+
+
 def test_default_output_name_follows_the_dtype(resnet):
     proc = cli(str(resnet), "--dtype", "bf16", "--no-validate", "-q")
     assert proc.returncode == 0, proc.stderr
