@@ -7,7 +7,6 @@ keeps the converter linear in the number of nodes.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain
@@ -177,16 +176,11 @@ def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext |
         ctx.initializers.setdefault(t.values.name, t.values)
     nodes = ctx.nodes
     # Column by column: each protobuf field is read once, in one comprehension.
-    ctx.ins = ins = [node.input[:] for node in nodes]
+    ctx.ins = [node.input[:] for node in nodes]
     ctx.outs = outs = [node.output[:] for node in nodes]
     ctx.ops = ops = [node.op_type for node in nodes]
     ctx.domains = domains = [node.domain for node in nodes]
-    readers: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
-    for i, node_ins in enumerate(ins):
-        for slot, name in enumerate(node_ins):
-            if name:
-                readers[name].append((i, slot))
-    ctx.consumers = consumers = dict(readers)
+    ctx.consumers = consumers = _readers(ctx.input_slots())
     ctx.producer = producer = {name: i for i, node_outs in enumerate(outs) for name in node_outs}
     # Only these default-domain ops carry graphs; other domains may (e.g. BeamSearch).
     containers = [
@@ -216,6 +210,21 @@ def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext |
     if parent is not None:  # (the main graph reads nothing from outside)
         ctx.free_names = set(consumers).union(ctx.captured_by).difference(producer, ctx.initializers, ctx.input_set)
     return ctx
+
+
+def _readers(table: SlotTable) -> dict[str, list[tuple[int, int]]]:
+    """Tensor -> the (node, slot) pairs reading it, in graph order. (Over the
+    slot table's columns: no loop of Python's own per node and slot.)"""
+    readers: dict[str, list[tuple[int, int]]] = {}
+    get = readers.get
+    for name, pair in zip(table.names, zip(table.node.tolist(), table.slot.tolist(), strict=True), strict=True):
+        found = get(name)
+        if found is None:
+            readers[name] = [pair]
+        else:
+            found.append(pair)
+    readers.pop("", None)  # (an absent optional input)
+    return readers
 
 
 def _check_utf8(ctx: GraphContext, ops: list) -> None:

@@ -109,6 +109,7 @@ def convert(
     in_place: bool = False,
     external_dir: str | os.PathLike | None = None,
     on_stage: Callable[[str], None] | None = None,
+    keep: list | None = None,
     **option_values,
 ) -> ConversionResult:
     """Convert an fp32 model to mixed precision.
@@ -122,7 +123,9 @@ def convert(
     checking it again (the caller gives it up). ``external_dir`` is the
     folder of a model whose external data was left on disk
     (``load_model(path, lazy_external=True)``): tensors are read from there
-    one at a time.
+    one at a time. ``keep``: a list the working indexes are appended to
+    instead of being freed on return (a process about to end need not free
+    them: see :func:`amp_convert.cli.command`).
     """
     if options is not None and option_values:
         raise TypeError("pass either options or keyword options, not both")
@@ -131,7 +134,7 @@ def convert(
     options = (options or ConvertOptions(**_tuples(option_values))).validated()
     base_dir = Path(external_dir) if external_dir is not None else None
     with _no_cyclic_gc():
-        return _convert(model, options, check, calibration, in_place, base_dir, _Timer(on_stage))
+        return _convert(model, options, check, calibration, in_place, base_dir, _Timer(on_stage), keep)
 
 
 def _convert(
@@ -142,6 +145,7 @@ def _convert(
     in_place: bool,
     base_dir: Path | None,
     timer: _Timer,
+    keep: list | None,
 ) -> ConversionResult:
     work = model if in_place and isinstance(model, onnx.ModelProto) else load_input(model)
     timer.lap("load")
@@ -166,11 +170,15 @@ def _convert(
     plan.notes[:0] = notes
     timer.lap("plan")
     result = ConversionResult(work, plan, options, casts_before=casts_before, casts_after=len(input_casts))
+    if keep is not None:  # (a graph's index is millions of small objects: freeing them takes a tenth of the run)
+        keep.extend((ctx, ranges, input_casts))
     if options.effective_level != "O0":
         rewriter = Rewriter(plan, options.low, options.io_types, NameGenerator(tensor_names(ctx)), base_dir, ranges)
         result.stats = rewriter.run(ctx)
         timer.lap("rewrite")
         types: dict[str, int] = {}
+        if keep is not None:
+            keep.extend((rewriter, types))
         for c in ctx.walk():
             types.update(c.types)
         types.update(rewriter.retyped)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import repeat
 from pathlib import Path
 
@@ -562,19 +563,13 @@ def _place(ctx: GraphContext, top: list[bytes], after: dict[int, list[bytes]]) -
             new_positions.extend(i + k / (len(nodes) + 1) for k in range(1, len(nodes) + 1))
         encoded.extend(nodes)
     ctx.graph.MergeFromString(b"".join(_NODE_FIELD + _varint(len(node)) + node for node in encoded))
-    # Keyed by the Python objects' identity: ``ctx.nodes`` and ``appended`` keep them alive.
-    appended = container[n:]
-    position = {id(node): float(i) for i, node in enumerate(ctx.nodes)}
-    position.update(zip(map(id, appended), new_positions, strict=True))
-    try:
-        container.sort(key=lambda node: position[id(node)])
-    except KeyError:  # (a protobuf build that makes new Python objects for the same nodes): write the list anew
-        ordered = [onnx.NodeProto.FromString(node) for node in top]
-        for i, node in enumerate(ctx.nodes):
-            ordered.append(node)
-            ordered.extend(onnx.NodeProto.FromString(new) for new in after.get(i, ()))
-        ctx.graph.ClearField("node")  # (a container taken before this is detached from the graph)
-        ctx.graph.node.extend(ordered)
+    # The container sorts a list of its nodes, each node's key asked for
+    # once and in list order (CPython's list.sort): the keys are handed out in
+    # that order by a C callable, ``next(positions, node)``, not by a Python
+    # function per node. (A count that did not match would compare a node
+    # with a number: an error, never a wrong order.)
+    positions = iter([*range(n), *new_positions])
+    container.sort(key=partial(next, positions))
 
 
 # Protobuf wire format: a field's key is (number << 3 | wire type); 2 is
