@@ -170,11 +170,13 @@ class ConstantRanges:
         # One array for the chunk: an array per tensor costs more than its values, for small ones.
         sizes = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs)) // 4
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-        flat = np.abs(np.frombuffer(b"".join(blobs), dtype="<f4"))
+        flat = np.frombuffer(bytearray().join(blobs), dtype="<f4")  # (writable: made absolute in place)
+        np.abs(flat, out=flat)
         highs = np.maximum.reduceat(flat, starts)
         finite = np.isfinite(highs)
         nonzero = flat > 0
-        n_nonzero = np.add.reduceat(nonzero, starts, dtype=np.int64).tolist()
+        # (summed as bytes into 32-bit counts: a bool array summed as int64 is first copied whole as int64)
+        n_nonzero = np.add.reduceat(nonzero.view(np.uint8), starts, dtype=np.uint32).tolist()
         tiny = nonzero & (flat <= np.float32(_FP16_ZERO))  # (few or none: counted where they are)
         under_fp16 = segment_counts(tiny, starts)
         under_bf16 = segment_counts(tiny & (flat <= np.float32(_BF16_ZERO)), starts) if under_fp16 else {}
