@@ -176,11 +176,13 @@ def _convert(
         rewriter = Rewriter(plan, options.low, options.io_types, NameGenerator(tensor_names(ctx)), base_dir, ranges)
         result.stats = rewriter.run(ctx)
         timer.lap("rewrite")
-        types: dict[str, int] = {}
         if keep is not None:
-            keep.extend((rewriter, types))
+            keep.append(rewriter)
+        # One type table for the clean-up: the main graph's own (the index is done with), the subgraphs', the rewrite's.
+        types = ctx.types
         for c in ctx.walk():
-            types.update(c.types)
+            if c is not ctx:
+                types.update(c.types)
         types.update(rewriter.retyped)
         # (the input's Casts read after the rewrite: it may retarget or rename them)
         result.cleanup = clean_up(work, types, cast_triples(input_casts) + rewriter.new_casts)
