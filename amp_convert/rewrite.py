@@ -607,6 +607,11 @@ def encoded_cast(source: str, target: str, to: int, name: str) -> bytes:
     """A Cast node, serialized: the same bytes as building the NodeProto and
     calling SerializeToString, at a fraction of the cost (a large model
     gets tens of thousands; :func:`_place` adds them in one parse)."""
+    s, t, n = source.encode(), target.encode(), name.encode()
+    if len(s) < 128 and len(t) < 128 and len(n) < 128:  # (the usual names: one-byte lengths, one join)
+        short = _SHORT_LENGTHS
+        fields = (_INPUT, short[len(s)], s, _OUTPUT, short[len(t)], t, _NAME, short[len(n)], n, _CAST_OP, _TO_ATTRIBUTES[to])
+        return b"".join(fields)
     ends = _string_field(_NAME, name) + _CAST_OP + _TO_ATTRIBUTES[to]
     return _string_field(_INPUT, source) + _string_field(_OUTPUT, target) + ends
 
