@@ -125,7 +125,8 @@ def convert(
     (``load_model(path, lazy_external=True)``): tensors are read from there
     one at a time. ``keep``: a list the working indexes are appended to
     instead of being freed on return (a process about to end need not free
-    them: see :func:`amp_convert.cli.command`).
+    them: see :func:`amp_convert.cli.command`); what is alive then is moved
+    out of the cyclic collector's reach (``gc.freeze``).
     """
     if options is not None and option_values:
         raise TypeError("pass either options or keyword options, not both")
@@ -134,7 +135,10 @@ def convert(
     options = (options or ConvertOptions(**_tuples(option_values))).validated()
     base_dir = Path(external_dir) if external_dir is not None else None
     with _no_cyclic_gc():
-        return _convert(model, options, check, calibration, in_place, base_dir, _Timer(on_stage), keep)
+        result = _convert(model, options, check, calibration, in_place, base_dir, _Timer(on_stage), keep)
+        if keep is not None:  # (the kept indexes hold no cycles: the collector would walk them all, and soon)
+            gc.freeze()
+        return result
 
 
 def _convert(
