@@ -48,6 +48,7 @@ class GraphContext:
     assumed_float: set[str] = field(default_factory=set)  # undeclared outputs of white-listed custom ops
     _input_slots: SlotTable | None = None
     _output_slots: SlotTable | None = None
+    _op_codes: tuple[np.ndarray, int] | None = None
 
     def defines(self, name: str) -> bool:
         return name in self.producer or name in self.initializers or name in self.input_set
@@ -79,6 +80,17 @@ class GraphContext:
         if self._input_slots is None:
             self._input_slots = slot_table(self.ins)
         return self._input_slots
+
+    def op_codes(self) -> tuple[np.ndarray, int]:
+        """A number per node for its (op, domain), and how many there are."""
+        if self._op_codes is None:
+            codes, count = np.zeros(len(self.ops), np.int64), 1
+            for column in (self.ops, self.domains):
+                index = {value: k for k, value in enumerate(dict.fromkeys(column))}
+                codes = codes * len(index) + np.fromiter(map(index.__getitem__, column), np.int64, len(column))
+                count *= len(index)
+            self._op_codes = (codes, count)
+        return self._op_codes
 
     def output_slots(self) -> SlotTable:
         if self._output_slots is None:
@@ -116,17 +128,12 @@ def slot_table(columns: list[list[str]]) -> SlotTable:
     return SlotTable(names, node, np.arange(len(names)) - np.repeat(starts, counts), counts)
 
 
-def distinct_rows(columns: list[list], codes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Groups the rows of equal-length ``columns`` (and of the int ``codes``
-    already given per row): the first row of each group, and each row's
-    group. One array pass per column, where a Python loop would hash a
-    tuple per row."""
-    n = len(columns[0])
-    codes = np.zeros(n, np.int64) if codes is None else codes
-    for column in columns:
-        index = {value: k for k, value in enumerate(dict.fromkeys(column))}
-        codes = codes * len(index) + np.fromiter(map(index.__getitem__, column), np.int64, n)
-    _, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+def distinct_rows(ctx: GraphContext, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Groups ``ctx``'s nodes by op, domain and the int ``codes`` given per
+    node: the first node of each group, and each node's group. Array
+    operations, where a Python loop would hash a tuple per node."""
+    op_codes, n_ops = ctx.op_codes()
+    _, first, inverse = np.unique(codes * n_ops + op_codes, return_index=True, return_inverse=True)
     return first, inverse.ravel()
 
 

@@ -283,10 +283,18 @@ class Planner:
         suspects = self.ranges.suspects(ctx, self.low) if self.constants_rule and not self.calibration else None
         # Without tensors already in the low dtype, a node's float32 outputs are the ones given a state.
         low_typed = self.low.onnx_type in types.values()
+        states_get = states.get
         for i, kind in enumerate(kinds):
             follow = follows.get(kind) if kind >= 0 else None
             if follow is not None:
-                outcome = outcomes.get(kind * 4 + (self._seen_states(ctx, i) if follow else 0))
+                seen = 0
+                if follow:  # (inline for the many follow nodes; see _seen_states)
+                    if ops[i] in DTYPE_AGNOSTIC_INPUTS:
+                        seen = self._seen_states(ctx, i)
+                    else:
+                        found = set(map(states_get, ins[i]))
+                        seen = (_SEEN_LOW if LOW in found else 0) | (_SEEN_F32 if F32 in found else 0)
+                outcome = outcomes.get(kind * 4 + seen)
                 if outcome is not None:
                     precision, rule, reason, low_inputs, low_outputs, state, checked, out_states = outcome
                     if not (
@@ -345,7 +353,7 @@ class Planner:
         a kind."""
         if not ctx.ops:
             return []
-        first, inverse = distinct_rows([ctx.ops, ctx.domains], patterns + 1)  # (0: slots worked out alone)
+        first, inverse = distinct_rows(ctx, patterns + 1)  # (0: slots worked out alone)
         numbers = self._kind_numbers
         ids = [numbers.setdefault((ctx.ops[i], ctx.domains[i], floats[i]), len(numbers)) for i in first.tolist()]
         kinds = np.asarray(ids, np.int64)[inverse].tolist()

@@ -100,7 +100,7 @@ def _single_output_rules(ctx: GraphContext, opsets: dict[str, int], rules: dict)
     (op, domain, input count) with array operations."""
     if not ctx.ops:
         return []
-    first, inverse = distinct_rows([ctx.ops, ctx.domains], ctx.input_slots().counts * 2 + (ctx.output_slots().counts == 1))
+    first, inverse = distinct_rows(ctx, ctx.input_slots().counts * 2 + (ctx.output_slots().counts == 1))
     found: list[tuple | None] = []
     for i in first.tolist():
         op, domain, n_inputs = ctx.ops[i], ctx.domains[i], len(ctx.ins[i])
