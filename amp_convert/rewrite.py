@@ -144,7 +144,7 @@ def lower_small_tensors(
     labels = labels or [t.name for t in tensors]
     blobs = blobs or [t.raw_data for t in tensors]
     flat = np.frombuffer(b"".join(blobs), dtype="<f4")  # (one array: one per small tensor costs more than its values)
-    if not np.abs(flat).max() <= low.max:  # (also true for NaN)
+    if not np.maximum(flat.max(), -flat.min()) <= low.max:  # (also true for NaN; no array of absolute values)
         for t, label in zip(tensors, labels, strict=True):
             lower_tensor(t, low, stats, label)
         return
@@ -298,6 +298,7 @@ class Rewriter:
         entries = self.plan.entries[ctx.path]
         reads = _slot_reads(ctx, entries)
         floats = [name for name in ctx.initializers if types.get(name) == FLOAT]  # (its data type, without reading the proto)
+        primed = self.ranges.take_raw(ctx.path) if self.ranges is not None else {}
         for name, (read_low, read_f32) in zip(floats, self._initializer_reads(ctx, floats, reads), strict=True):
             tensor = ctx.initializers[name]
             if read_low is None:  # (the arrays cannot say: its readers are asked one by one)
@@ -305,7 +306,7 @@ class Rewriter:
                 read_low, read_f32 = low in wants, bool(wants - {low})
             # (an initializer listed as an input keeps its declared type)
             if read_low and not read_f32 and name not in ctx.input_set:
-                raw = small_raw(tensor)
+                raw = primed.get(name) or small_raw(tensor)
                 if raw:
                     batch.append(tensor)
                     blobs.append(raw)

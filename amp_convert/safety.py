@@ -135,6 +135,8 @@ class ConstantRanges:
         # and, for those judged, why a node cannot read them low (None: it can)
         self._suspects: dict[tuple[str, str], frozenset[str]] = {}
         self._verdicts: dict[tuple[str, str], dict[str, str | None]] = {}
+        # graph path -> name -> the raw bytes prime read (for the rewrite's lowering: read once)
+        self._raw: dict[str, dict[str, bytes]] = {}
         self.clip = clip
         self.base_dir = base_dir
 
@@ -145,6 +147,12 @@ class ConstantRanges:
             self._stats[key] = value_stats(constant_array(tensor, self.base_dir))
         return self._stats[key]
 
+    def take_raw(self, scope: str) -> dict[str, bytes]:
+        """The :func:`small_raw` bytes :meth:`prime` read in the graph at path
+        ``scope``, by name, handed over once (read again, a tensor's raw data
+        would be copied again)."""
+        return self._raw.pop(scope, {})
+
     def prime(self, scope: str, initializers: dict[str, onnx.TensorProto], most: int = 1 << 16, chunk: int = 1 << 22) -> None:
         """Statistics of the raw float32 initializers of up to ``most``
         elements in a few vectorised passes over chunks of up to ``chunk``
@@ -153,12 +161,14 @@ class ConstantRanges:
         values are left to :meth:`stats`."""
         names, blobs, size = [], [], 0
         known, chunk_bytes = self._stats, chunk * 4
+        read = self._raw.setdefault(scope, {})
         for name, t in initializers.items():
             if t.data_type == onnx.TensorProto.FLOAT and (scope, name) not in known:
                 data = small_raw(t, most)  # (others are left to stats)
                 if data:
                     names.append(name)
                     blobs.append(data)
+                    read[name] = data
                     size += len(data)
                     if size >= chunk_bytes:
                         self._prime_chunk(scope, names, blobs)
