@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, repeat
 
 import numpy as np
 import onnx
 
 from .errors import AmpError
 
+UNTYPED = -2  # the element type given a name a graph's type table does not hold (see GraphContext.input_types)
 SUBGRAPH_ATTRIBUTE_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 GRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
@@ -49,6 +50,7 @@ class GraphContext:
     _input_slots: SlotTable | None = None
     _output_slots: SlotTable | None = None
     _op_codes: tuple[np.ndarray, int] | None = None
+    _input_types: np.ndarray | None = None
 
     def defines(self, name: str) -> bool:
         return name in self.producer or name in self.initializers or name in self.input_set
@@ -80,6 +82,16 @@ class GraphContext:
         if self._input_slots is None:
             self._input_slots = slot_table(self.ins)
         return self._input_slots
+
+    def input_types(self) -> np.ndarray:
+        """Each input slot's element type in this graph's type table
+        (UNTYPED where it holds none), looked up once for the planner and
+        the rewriter: asked for once the types are inferred. Read-only."""
+        if self._input_types is None:
+            names = self.input_slots().names
+            self._input_types = np.fromiter(map(self.types.get, names, repeat(UNTYPED)), np.int64, len(names))
+            self._input_types.flags.writeable = False
+        return self._input_types
 
     def op_codes(self) -> tuple[np.ndarray, int]:
         """A number per node for its (op, domain), and how many there are."""

@@ -38,7 +38,7 @@ import onnx
 
 from .calibrate import Calibration
 from .dtypes import FLOAT, LowDtype
-from .graph import GraphContext, SlotTable, cast_to, checked_label, distinct_rows, not_utf8
+from .graph import UNTYPED, GraphContext, SlotTable, cast_to, checked_label, distinct_rows, not_utf8
 from .lists import (
     CONTROL_FLOW_OPS,
     DTYPE_AGNOSTIC_INPUTS,
@@ -607,7 +607,7 @@ def _output_state(neutral: bool, low: bool) -> str:
 # Each slot's kind, two bits a slot in a node's code (see _all_float_slots).
 _OTHER_SLOT, _FLOAT_SLOT, _UNKNOWN_SLOT, _SEQUENCE_SLOT = 0, 1, 2, 3
 _CODED_SLOTS = 31  # slots a 62-bit code holds
-_UNTYPED, _ABSENT = -2, -3  # (a name the graph's type table does not hold; an empty name)
+_ABSENT = -3  # (an empty name)
 
 
 def _all_float_slots(ctx: GraphContext) -> tuple[list[tuple[tuple[int, ...], tuple[int, ...], bool]], np.ndarray]:
@@ -620,8 +620,10 @@ def _all_float_slots(ctx: GraphContext) -> tuple[list[tuple[tuple[int, ...], tup
     n = len(ctx.ins)
     if not n:
         return [], np.zeros(0, np.int64)
-    in_codes, in_odd = _slot_codes(ctx.input_slots(), ctx.types, _UNTYPED)
-    out_codes, out_odd = _slot_codes(ctx.output_slots(), ctx.types, 0)  # (an untyped output is unknown)
+    outputs = ctx.output_slots()
+    output_types = np.fromiter(map(ctx.types.get, outputs.names, repeat(0)), np.int64, len(outputs.names))  # (untyped: unknown)
+    in_codes, in_odd = _slot_codes(ctx.input_slots(), ctx.input_types().copy())
+    out_codes, out_odd = _slot_codes(outputs, output_types)
     in_kinds, in_index = np.unique(in_codes, return_inverse=True)
     out_kinds, out_index = np.unique(out_codes, return_inverse=True)
     kinds, kind_index = np.unique(in_index.ravel() * len(out_kinds) + out_index.ravel(), return_inverse=True)
@@ -640,19 +642,19 @@ def _all_float_slots(ctx: GraphContext) -> tuple[list[tuple[tuple[int, ...], tup
     return slots, numbers
 
 
-def _slot_codes(table: SlotTable, types: dict[str, int], untyped: int) -> tuple[np.ndarray, np.ndarray]:
+def _slot_codes(table: SlotTable, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per node: its slots' kinds as one code, and whether the code cannot
-    stand for it (an input of no type here, more slots than a code holds)."""
+    stand for it (an input of no type here, more slots than a code holds).
+    ``t``: each slot's type (changed here)."""
     n = len(table.counts)
     odd = table.counts > _CODED_SLOTS
     codes = np.zeros(n, np.int64)
     if not table.names:
         return codes, odd
-    t = np.fromiter(map(types.get, table.names, repeat(untyped)), np.int64, len(table.names))
-    if "" in types or "" in table.names:  # (an empty name is an absent optional tensor: no type to look at)
+    if "" in table.names:  # (an empty name is an absent optional tensor: no type to look at)
         t[[k for k, name in enumerate(table.names) if not name]] = _ABSENT
     kind = np.select([t == FLOAT, t == 0, t == NOT_A_TENSOR], [_FLOAT_SLOT, _UNKNOWN_SLOT, _SEQUENCE_SLOT], _OTHER_SLOT)
-    odd[table.node[t == _UNTYPED]] = True
+    odd[table.node[t == UNTYPED]] = True
     coded = table.slot < _CODED_SLOTS
     values = np.where(coded, kind << (2 * np.minimum(table.slot, _CODED_SLOTS - 1)), 0)
     filled = table.counts > 0

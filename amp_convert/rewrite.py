@@ -28,7 +28,7 @@ from onnx import helper, numpy_helper
 
 from .dtypes import FLOAT, LowDtype
 from .external import is_external, read_array, retype_external
-from .graph import GraphContext, NameGenerator
+from .graph import UNTYPED, GraphContext, NameGenerator
 from .lists import DTYPE_AGNOSTIC_INPUTS, DTYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
 from .plan import Demand, Plan, PlanEntry, Precision
 from .safety import ConstantRanges, ValueStats, raw_float32, segment_counts, small_raw, value_stats
@@ -165,7 +165,6 @@ def lower_small_tensors(
 # Ops whose attributes fix their output type: rewritten when they run low.
 REWRITTEN_OPS = frozenset(DTYPE_ATTRIBUTE_OPS) | VALUE_ATTRIBUTE_OPS
 _LOW, _UNCHANGED = Precision.LOW, Precision.UNCHANGED
-_UNTYPED = -2  # (a name the graph's type table does not hold)
 _RETYPED = -3  # (a float32 tensor the rewrite made low)
 _MASK_SLOTS = 62  # input slots a bit mask holds; a later slot is always looked at
 _AGNOSTIC_MASKS = {op: sum(1 << s for s in slots) for op, slots in DTYPE_AGNOSTIC_INPUTS.items()}
@@ -225,12 +224,11 @@ def _nodes_to_visit(
     if not flat:
         return sorted(always)
     n, count = len(ctx.ins), len(flat)
-    # Each input's tensor in one lookup: its type, or _RETYPED if it was float32 and is low now.
-    types = ctx.types.copy()
-    types.update(dict.fromkeys(changed, _RETYPED))
-    t = np.fromiter(map(types.get, flat, repeat(_UNTYPED)), np.int64, count)
+    # Each input's tensor: its type, or _RETYPED if it was float32 and is low now.
+    t = ctx.input_types().copy()
+    t[np.fromiter(map(changed.__contains__, flat), bool, count)] = _RETYPED
     look = np.where(reads.low, t == FLOAT, t == _RETYPED)  # read low but float32, or read float32 but now low
-    look |= (t == _UNTYPED) | reads.odd
+    look |= (t == UNTYPED) | reads.odd
     if ctx.parent is not None:
         look |= ~np.fromiter(map(ctx.defines, flat), bool, count)  # (an outer value: its versions live there)
     look &= ~reads.agnostic
