@@ -105,6 +105,7 @@ class GraphContext:
         return self._op_codes
 
     def output_slots(self) -> SlotTable:
+        """Every node's output slots in one table (made on first use)."""
         if self._output_slots is None:
             self._output_slots = slot_table(self.outs)
         return self._output_slots
