@@ -1,5 +1,7 @@
 """``python -m amp_convert`` runs the command line."""
 
-from .cli import command
+import sys
 
-command()
+from .cli import main
+
+sys.exit(main())  # (not cli.command: this module may run inside a host process, e.g. runpy or cProfile)

@@ -869,8 +869,9 @@ def _fail(message: str, code: int, debug: bool) -> int:
 
 
 def command() -> None:
-    """The ``amp-convert`` command (and ``python -m amp_convert``): :func:`main`,
-    then the process ends without tearing the interpreter down, and
+    """The ``amp-convert`` command: :func:`main`, then the process ends
+    without tearing the interpreter down (unless a tracer or profiler,
+    such as coverage or cProfile, waits for that teardown to save), and
     without freeing the conversion's indexes (the list handed to main). Both
     free, object by object, memory a process about to end gives back anyway:
     the teardown what the run imported (numpy, onnx's schema registry,
@@ -880,9 +881,19 @@ def command() -> None:
     writes; anything else buffered is flushed here (where that fails, the
     interpreter's own exit reports it)."""
     code = main(keep=[])
+    if _observed():
+        raise SystemExit(code)
     try:
         sys.stdout.flush()
         sys.stderr.flush()
     except BaseException:
         raise SystemExit(code) from None
     os._exit(code)
+
+
+def _observed() -> bool:
+    """Whether a tracer or profiler watches this process (it saves its data at exit)."""
+    if sys.gettrace() is not None or sys.getprofile() is not None:
+        return True
+    monitoring = getattr(sys, "monitoring", None)  # (3.12+: coverage's sys.monitoring core)
+    return monitoring is not None and any(monitoring.get_tool(i) for i in range(6))

@@ -565,8 +565,8 @@ def _place(ctx: GraphContext, top: list[bytes], after: dict[int, list[bytes]]) -
     # The container sorts a list of its nodes, each node's key asked for
     # once and in list order (CPython's list.sort): the keys are handed out in
     # that order by a C callable, ``next(positions, node)``, not by a Python
-    # function per node. (A count that did not match would compare a node
-    # with a number: an error, never a wrong order.)
+    # function per node. (There is a position per node by construction:
+    # one per original node, one per node added.)
     positions = iter([*range(n), *new_positions])
     container.sort(key=partial(next, positions))
 

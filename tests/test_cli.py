@@ -41,7 +41,7 @@ def test_console_script_converts_with_default_output_name(resnet):
 
 def test_python_dash_m_runs_the_command_with_its_exit_codes(resnet, tmp_path):
     """``python -m amp_convert`` is the command: its output arrives whole and
-    its exit code is main's, though the process skips the interpreter's teardown."""
+    its exit code is main's."""
     run = [sys.executable, "-m", "amp_convert"]
     ok = subprocess.run([*run, str(resnet), "-o", str(tmp_path / "out.onnx"), "--check", "none"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
@@ -50,6 +50,16 @@ def test_python_dash_m_runs_the_command_with_its_exit_codes(resnet, tmp_path):
     bad = subprocess.run([*run, str(tmp_path / "missing.onnx")], capture_output=True, text=True)
     assert bad.returncode == 2
     assert bad.stderr.count("\n") == 1 and "no such file" in bad.stderr
+
+
+def test_the_command_under_a_profiler_ends_as_usual(tmp_path):
+    """The command skips the interpreter's teardown, except where a profiler
+    (or tracer) waits for it to save its data."""
+    exe, profile = Path(sys.executable).with_name("amp-convert"), tmp_path / "run.prof"
+    run = [sys.executable, "-m", "cProfile", "-o", str(profile), str(exe), "lists"]
+    proc = subprocess.run(run, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "Softmax" in proc.stdout and profile.stat().st_size > 0
 
 
 def test_default_output_name_follows_the_dtype(resnet):
