@@ -292,8 +292,7 @@ class Planner:
                     if ops[i] in DTYPE_AGNOSTIC_INPUTS:
                         seen = self._seen_states(ctx, i)
                     else:
-                        found = set(map(states_get, ins[i]))
-                        seen = (_SEEN_LOW if LOW in found else 0) | (_SEEN_F32 if F32 in found else 0)
+                        seen = _seen_bits(set(map(states_get, ins[i])))
                 outcome = outcomes.get(kind * 4 + seen)
                 if outcome is not None:
                     precision, rule, reason, low_inputs, low_outputs, state, checked, out_states = outcome
@@ -371,8 +370,7 @@ class Planner:
         """Which data states reach node ``i`` (bits _SEEN_LOW, _SEEN_F32), as the follow rule sees them."""
         agnostic = DTYPE_AGNOSTIC_INPUTS.get(ctx.ops[i], ())
         names = ctx.ins[i] if not agnostic else [n for slot, n in enumerate(ctx.ins[i]) if slot not in agnostic]
-        seen = set(map(self.states.get, names))
-        return (_SEEN_LOW if LOW in seen else 0) | (_SEEN_F32 if F32 in seen else 0)
+        return _seen_bits(set(map(self.states.get, names)))
 
     # ------------------------------------------------------- classification
 
@@ -597,6 +595,11 @@ class Planner:
 
     def _is_float_data(self, t: int) -> bool:
         return t == FLOAT or t == self.low.onnx_type
+
+
+def _seen_bits(states: set) -> int:
+    """The bits (_SEEN_LOW, _SEEN_F32) for the data states reaching a node."""
+    return (_SEEN_LOW if LOW in states else 0) | (_SEEN_F32 if F32 in states else 0)
 
 
 def _output_state(neutral: bool, low: bool) -> str:

@@ -392,7 +392,8 @@ class Rewriter:
         index = {name: k for k, name in enumerate(names) if name}
         at = np.fromiter(map(index.get, table.names, repeat(-1)), np.int64, len(table.names))
         read = at >= 0
-        custom = [i for i, domain in enumerate(ctx.domains) if not is_default_domain(domain)]
+        custom_domains = {domain for domain in set(ctx.domains) if not is_default_domain(domain)}
+        custom = [i for i, domain in enumerate(ctx.domains) if domain in custom_domains] if custom_domains else []
         agnostic = reads.agnostic.copy()
         if custom:  # (only default-domain ops read dtype-agnostically)
             agnostic[np.isin(table.node, custom)] = False
