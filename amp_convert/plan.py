@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from itertools import repeat
@@ -80,6 +80,83 @@ class PlanEntry:
         return d
 
 
+class GraphEntries(Sequence[PlanEntry]):
+    """The entries of one graph, by node index. A node whose decision its
+    kind alone settled (most nodes of a large graph) is held as the number
+    of that decision, a row of ``rows`` shared across graphs, and made a
+    :class:`PlanEntry` when read; a node decided on its own is held as its
+    entry. The rewrite and the summaries read the decisions as columns
+    (:meth:`decision`, :meth:`columns`, :meth:`tally`): a 100k-node plan
+    is then never made one object per node."""
+
+    def __init__(self, path: str, names: list[str], ops: list[str], domains: list[str], rows: list[tuple]) -> None:
+        self.path = path
+        self._names, self._ops, self._domains = names, ops, domains  # (the index's columns; names checked UTF-8)
+        self.rows = rows  # (precision, rule, reason, low inputs, low outputs)
+        # Per node: its row, or -1 where it has an entry. The planner appends
+        # a row number here itself (its loop's one step for most nodes).
+        self.row_numbers: list[int] = []
+        self._made: dict[int, PlanEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self.row_numbers)
+
+    def __getitem__(self, i: int) -> PlanEntry:  # type: ignore[override]
+        if i < 0:
+            i += len(self.row_numbers)
+        entry = self._made.get(i)
+        if entry is None:
+            precision, rule, reason, low_inputs, low_outputs = self.rows[self.row_numbers[i]]
+            label = self._names[i] or f"{self._ops[i]}_{i}"
+            op, domain = self._ops[i], self._domains[i]
+            entry = PlanEntry(self.path, i, label, op, domain, precision, rule, reason, low_inputs, low_outputs)
+            # (made once: whoever reads it may change it, and the row is shared)
+            self._made[i], self.row_numbers[i] = entry, -1
+        return entry
+
+    def __iter__(self) -> Iterator[PlanEntry]:
+        return map(self.__getitem__, range(len(self.row_numbers)))
+
+    def add(self, entry: PlanEntry) -> None:
+        """The next node's entry, decided on its own."""
+        self._made[len(self.row_numbers)] = entry
+        self.row_numbers.append(-1)
+
+    def decision(self, i: int) -> tuple[Precision, tuple[int, ...], tuple[int, ...]]:
+        """Node ``i``'s precision and low input and output slots, as they are now."""
+        row = self.row_numbers[i]
+        if row >= 0:
+            precision, _, _, low_inputs, low_outputs = self.rows[row]
+            return precision, low_inputs, low_outputs
+        entry = self._made[i]
+        return entry.precision, entry.low_inputs, entry.low_outputs
+
+    def columns(self) -> tuple[list[Precision], list[tuple[int, ...]], list[tuple[int, ...]]]:
+        """Per node: its precision, and its low input and output slots (empty
+        unless it runs low)."""
+        rows = self.rows
+        used = dict.fromkeys(self.row_numbers)
+        used.pop(-1, None)
+        precision = {r: rows[r][0] for r in used}
+        low_in = {r: rows[r][3] if rows[r][0] is Precision.LOW else () for r in used}
+        low_out = {r: rows[r][4] if rows[r][0] is Precision.LOW else () for r in used}
+        columns = tuple(list(map(column.get, self.row_numbers)) for column in (precision, low_in, low_out))
+        for i, e in self._made.items():
+            low = e.precision is Precision.LOW
+            columns[0][i], columns[1][i], columns[2][i] = e.precision, e.low_inputs if low else (), e.low_outputs if low else ()
+        return columns  # type: ignore[return-value]
+
+    def tally(self) -> Counter:
+        """How many nodes have each (precision, rule, op type)."""
+        rows, by_row = self.rows, Counter(zip(self.row_numbers, self._ops, strict=True))
+        tally: Counter = Counter()
+        for (row, op), n in by_row.items():
+            if row >= 0:
+                tally[rows[row][0], rows[row][1], op] += n
+        tally.update((e.precision, e.rule, e.op_type) for e in self._made.values())
+        return tally
+
+
 @dataclass
 class Plan:
     """Node -> precision + reason, for every graph of a model."""
@@ -87,7 +164,7 @@ class Plan:
     level: str
     dtype: str
     profile: str
-    entries: dict[str, list[PlanEntry]] = field(default_factory=dict)  # graph path -> entries by index
+    entries: dict[str, GraphEntries] = field(default_factory=dict)  # graph path -> entries by index
     notes: list[str] = field(default_factory=list)
 
     def __iter__(self) -> Iterator[PlanEntry]:
@@ -103,8 +180,17 @@ class Plan:
                 return e
         raise KeyError(name)
 
+    def tally(self) -> Counter:
+        """How many nodes, in all graphs, have each (precision, rule, op type)."""
+        tally: Counter = Counter()
+        for entries in self.entries.values():
+            tally.update(entries.tally())
+        return tally
+
     def counts(self) -> dict[str, int]:
-        tally = Counter(e.precision for entries in self.entries.values() for e in entries)
+        tally: Counter = Counter()
+        for (precision, _, _), n in self.tally().items():
+            tally[precision] += n
         return {p.value: tally.get(p, 0) for p in Precision}
 
     def as_dict(self) -> dict:
@@ -185,8 +271,8 @@ class Demand:
                 agnostic = DTYPE_AGNOSTIC_INPUTS.get(ops[j])
                 if agnostic is not None and slot in agnostic and is_default_domain(ctx.domains[j]):
                     continue
-                entry = entries[j]
-                if entry.precision is Precision.LOW and slot in entry.low_inputs:
+                precision, low_inputs, _ = entries.decision(j)
+                if precision is Precision.LOW and slot in low_inputs:
                     wants.add(low)
                 else:
                     if own is None:
@@ -240,6 +326,7 @@ class Planner:
         self._outcomes: dict[int, tuple] = {}
         self._follows: dict[int, bool] = {}  # kind number -> whether its nodes follow their inputs
         self._float_slots: list = []
+        self._rows: list[tuple] = []  # the decisions reused by kind (see GraphEntries)
 
     # ---------------------------------------------------------------- driver
 
@@ -252,8 +339,10 @@ class Planner:
         return self.plan
 
     def _plan_graph(self, ctx: GraphContext) -> None:
-        entries: list[PlanEntry] = []
-        self.plan.entries[ctx.path] = entries
+        labels = [node.name for node in ctx.nodes]
+        if not set(map(type, labels)) <= {str}:
+            raise not_utf8(next(label for label in labels if type(label) is not str))
+        entries = self.plan.entries[ctx.path] = GraphEntries(ctx.path, labels, ctx.ops, ctx.domains, self._rows)
         is_main = ctx.parent is None
         source_state = LOW if (is_main and self.options.io_types == "low") else NEUTRAL
         types, states = ctx.types, self.states
@@ -269,7 +358,7 @@ class Planner:
         self._float_slots = floats
         pending: list[int] = []  # neutral follow nodes and sources, resolved backwards
         subgraphs = ctx.subgraphs
-        path, nodes, ops, domains, ins = ctx.path, ctx.nodes, ctx.ops, ctx.domains, ctx.ins
+        nodes, ops, domains, ins = ctx.nodes, ctx.ops, ctx.domains, ctx.ins
         # Without node-name rules or QDQ context, a node's whole forward
         # outcome depends only on its kind and on which states reach it: it
         # is worked out once per such pair (by the rules below the fast path)
@@ -278,7 +367,7 @@ class Planner:
         reuse = self._by_kind and not has_qdq
         kinds = self._kind_ids(ctx, floats, patterns) if reuse else [-1] * len(nodes)
         outcomes, follows = self._outcomes, self._follows
-        labels = [node.name for node in nodes]  # (checked as they are used: see checked_label)
+        rows, row_of_node = self._rows, entries.row_numbers
         # Names whose constant values the safety rule must look at (the data-range rule looks at every node).
         suspects = self.ranges.suspects(ctx, self.low) if self.constants_rule and not self.calibration else None
         # Without tensors already in the low dtype, a node's float32 outputs are the ones given a state.
@@ -295,37 +384,35 @@ class Planner:
                         seen = _seen_bits(set(map(states_get, ins[i])))
                 outcome = outcomes.get(kind * 4 + seen)
                 if outcome is not None:
-                    precision, rule, reason, low_inputs, low_outputs, state, checked, out_states = outcome
+                    row, low_inputs, state, checked, out_states = outcome
                     if not (
                         checked
                         and (suspects is None or not suspects.isdisjoint(ins[i]))
                         and self._safety_problem(ctx, i, low_inputs)
                     ):
-                        op, label = ops[i], labels[i] or f"{ops[i]}_{i}"
-                        if type(label) is not str:
-                            raise not_utf8(label)
-                        entry = PlanEntry(path, i, label, op, domains[i], precision, rule, reason, low_inputs, low_outputs)
-                        entries.append(entry)
+                        row_of_node.append(row)
                         neutral = state is NEUTRAL or state is _SOURCE
                         if neutral:
                             pending.append(i)
                         if low_typed:
-                            self._record_output_states(ctx, i, entry, neutral)
+                            self._record_output_states(ctx, i, rows[row][0], rows[row][4], neutral)
                         else:
                             outs = ctx.outs[i]
                             for k, out_state in out_states:
                                 states[outs[k]] = out_state
                         continue
             entry, state = self._classify(ctx, i)
-            entries.append(entry)
+            entries.add(entry)
             if state == _FOLLOW and not self._resolve_follow(ctx, i, entry):
                 state = NEUTRAL
             if kind >= 0 and entry.rule not in _NODE_RULES:
                 follow = follows[kind] = self._decisions[ops[i], domains[i], floats[i]][3] == _FOLLOW
                 low = entry.precision is Precision.LOW
                 neutral = state in (NEUTRAL, _SOURCE)
+                rows.append((entry.precision, entry.rule, entry.reason, entry.low_inputs, entry.low_outputs))
                 outcomes[kind * 4 + (self._seen_states(ctx, i) if follow else 0)] = (
-                    *(entry.precision, entry.rule, entry.reason, entry.low_inputs, entry.low_outputs),
+                    len(rows) - 1,
+                    entry.low_inputs,
                     state,
                     low and self.safety,  # the safety rules looked at this node's own inputs
                     # the state each float32 output takes (as _record_output_states gives it)
@@ -339,7 +426,7 @@ class Planner:
                 self._float_slots, self._has_qdq = floats, has_qdq
                 if ctx.ops[i] == "If" and entry.rule == "control-flow":
                     self._lower_if_outputs(ctx, i, entry)
-            self._record_output_states(ctx, i, entry, neutral=state in (NEUTRAL, _SOURCE))
+            self._record_output_states(ctx, i, entry.precision, entry.low_outputs, neutral=state in (NEUTRAL, _SOURCE))
         for i in reversed(pending):
             self._resolve_from_consumers(ctx, i, entries[i])
 
@@ -552,9 +639,11 @@ class Planner:
             entry.reason = f"{entry.reason}; mixed inputs run in the widest type (O1)"
         return True
 
-    def _record_output_states(self, ctx: GraphContext, i: int, entry: PlanEntry, neutral: bool) -> None:
+    def _record_output_states(
+        self, ctx: GraphContext, i: int, precision: Precision, low_outputs: tuple[int, ...], neutral: bool
+    ) -> None:
         types, states = ctx.types, self.states
-        low_outputs = entry.low_outputs if entry.precision is Precision.LOW else ()
+        low_outputs = low_outputs if precision is Precision.LOW else ()
         for k, name in enumerate(ctx.outs[i]):
             t = types.get(name, 0) if name else 0
             if self._is_float_data(t):

@@ -48,18 +48,17 @@ def build_report(
     if conversion is not None:
         rules: dict[str, int] = {}
         low_ops: dict[str, int] = {}
-        low = Precision.LOW
-        for e in conversion.plan:
-            rules[e.rule] = rules.get(e.rule, 0) + 1
-            if e.precision is low:
-                low_ops[e.op_type] = low_ops.get(e.op_type, 0) + 1
+        for (precision, rule, op_type), n in conversion.plan.tally().items():
+            rules[rule] = rules.get(rule, 0) + n
+            if precision is Precision.LOW:
+                low_ops[op_type] = low_ops.get(op_type, 0) + n
         plan = {
             "level": conversion.plan.level,
             "dtype": conversion.plan.dtype,
             "profile": conversion.plan.profile,
             "counts": conversion.plan.counts(),
-            "rules": rules,
-            "low_ops": low_ops,
+            "rules": dict(sorted(rules.items())),
+            "low_ops": dict(sorted(low_ops.items())),
             "notes": conversion.plan.notes,
         }
         conv = {

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
+from operator import is_not
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ from .dtypes import FLOAT, LowDtype
 from .external import is_external, read_array, retype_external
 from .graph import UNTYPED, GraphContext, NameGenerator
 from .lists import DTYPE_AGNOSTIC_INPUTS, DTYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
-from .plan import Demand, Plan, PlanEntry, Precision
+from .plan import Demand, Plan, Precision
 from .safety import ConstantRanges, ValueStats, raw_float32, segment_counts, small_raw, value_stats
 from .schema import is_default_domain
 
@@ -191,18 +192,19 @@ class _SlotReads:
     odd: np.ndarray
 
 
-def _slot_reads(ctx: GraphContext, entries: list[PlanEntry]) -> _SlotReads:
+def _slot_reads(ctx: GraphContext, low_inputs: list[tuple[int, ...]]) -> _SlotReads:
+    """``low_inputs``: each node's low input slots (empty unless it runs low)."""
     table = ctx.input_slots()
     node, slot, n = table.node, table.slot, len(ctx.ins)
     masks = _SlotMasks()
-    low_masks = np.fromiter(map(masks.__getitem__, [e.low_inputs if e.precision is _LOW else () for e in entries]), np.int64, n)
+    low_masks = np.fromiter(map(masks.__getitem__, low_inputs), np.int64, n)
     agnostic_masks = np.fromiter(map(_AGNOSTIC_MASKS.get, ctx.ops, repeat(0)), np.int64, n)
     bit = np.left_shift(1, np.minimum(slot, _MASK_SLOTS))
     return _SlotReads((low_masks[node] & bit) != 0, (agnostic_masks[node] & bit) != 0, slot >= _MASK_SLOTS)
 
 
 def _nodes_to_visit(
-    ctx: GraphContext, entries: list[PlanEntry], reads: _SlotReads, changed: dict[str, int], output_producers: set[int]
+    ctx: GraphContext, precision: list[Precision], reads: _SlotReads, changed: dict[str, int], output_producers: set[int]
 ) -> list[int]:
     """The nodes the rewrite must look at, in graph order: those with an
     input whose tensor may not have the type the node reads it in, control
@@ -214,9 +216,9 @@ def _nodes_to_visit(
     input. Conservative: an input whose type or scope the arrays do not
     settle is looked at."""
     keep_all = bool(ctx.subgraphs)  # (with bodies to rewrite, even nodes without float32 are looked at)
-    always = {i for i in output_producers if keep_all or entries[i].precision is not _UNCHANGED}
+    always = {i for i in output_producers if keep_all or precision[i] is not _UNCHANGED}
     always.update(ctx.subgraphs)
-    always.update(i for i, op in enumerate(ctx.ops) if op in REWRITTEN_OPS and entries[i].precision is _LOW)
+    always.update(i for i, op in enumerate(ctx.ops) if op in REWRITTEN_OPS and precision[i] is _LOW)
     for name in ctx.output_names:  # (its producer may rename it: its readers then need the Cast's)
         always.update(j for j, _ in ctx.consumers.get(name, ()))
     table = ctx.input_slots()
@@ -233,7 +235,7 @@ def _nodes_to_visit(
         look |= ~np.fromiter(map(ctx.defines, flat), bool, count)  # (an outer value: its versions live there)
     look &= ~reads.agnostic
     if not keep_all:
-        look &= np.fromiter((e.precision is not _UNCHANGED for e in entries), bool, n)[node]
+        look &= np.fromiter(map(is_not, precision, repeat(_UNCHANGED)), bool, n)[node]
     always.update(np.unique(node[look]).tolist())
     return sorted(always)
 
@@ -293,8 +295,8 @@ class Rewriter:
         batch: list[onnx.TensorProto] = []  # small raw ones, lowered in one pass
         blobs: list[bytes] = []  # (their bytes)
         types = ctx.types
-        entries = self.plan.entries[ctx.path]
-        reads = _slot_reads(ctx, entries)
+        precision, low_ins, low_outs = self.plan.entries[ctx.path].columns()
+        reads = _slot_reads(ctx, low_ins)
         floats = [name for name in ctx.initializers if types.get(name) == FLOAT]  # (its data type, without reading the proto)
         primed = self.ranges.take_raw(ctx.path) if self.ranges is not None else {}
         for name, (read_low, read_f32) in zip(floats, self._initializer_reads(ctx, floats, reads), strict=True):
@@ -320,16 +322,13 @@ class Rewriter:
 
         subgraphs, ops, ins = ctx.subgraphs, ctx.ops, ctx.ins
         # A low node's float outputs change type in place: its readers see them low.
-        low_outputs = [
-            outs[k] for entry, outs in zip(entries, ctx.outs, strict=True) if entry.precision is _LOW for k in entry.low_outputs
-        ]
+        low_outputs = [outs[k] for slots, outs in zip(low_outs, ctx.outs, strict=True) if slots for k in slots]
         changed.update(dict.fromkeys(low_outputs, low))
         output_producers = {ctx.producer[n] for n in ctx.output_names if n in ctx.producer}
         is_main = ctx.parent is None
-        for i in _nodes_to_visit(ctx, entries, reads, changed, output_producers):
-            entry = entries[i]
+        for i in _nodes_to_visit(ctx, precision, reads, changed, output_producers):
             inputs = ins[i]
-            low_inputs = entry.low_inputs if entry.precision is _LOW else ()
+            low_inputs = low_ins[i]
             agnostic = DTYPE_AGNOSTIC_INPUTS.get(ops[i], ())
             for slot, name in enumerate(inputs):
                 if not name or slot in agnostic:
@@ -347,7 +346,7 @@ class Rewriter:
             if subgraphs:
                 for sub in subgraphs.get(i, ()):
                     self._rewrite_graph(sub)
-            if entry.precision is _LOW and ops[i] in REWRITTEN_OPS:
+            if precision[i] is _LOW and ops[i] in REWRITTEN_OPS:
                 self._lower_node(ctx.nodes[i])
             if i in output_producers:
                 self._fix_graph_outputs(ctx, i, ctx.nodes[i], changed, after)

@@ -136,3 +136,53 @@ def test_float_slot_patterns_match_the_per_node_answer(name):
         if name == "odd" and ctx.parent is None:  # (the per-node path is for what the codes cannot hold)
             worked_alone = {ctx.nodes[i].name for i in np.flatnonzero(patterns < 0).tolist()}
             assert worked_alone == {"wide", "mystery", "unknown_sum"}  # (70 slots; inputs of no type)
+
+
+@pytest.mark.parametrize("name", ["zoo:gpt2", "zoo:controlflow", "odd"])
+def test_plan_columns_and_tally_agree_with_the_entries(name):
+    """Most entries are held as a shared decision and made when read: the
+    columns the rewrite reads and the tally the report reads, taken before
+    any entry is made, are those of the entries made one by one."""
+    from collections import Counter
+
+    from amp_convert.plan import Precision
+    from amp_convert.report import build_report
+
+    result = convert(_load(name), level="O2", check="none")
+    graphs = result.plan.entries
+    columns = {path: entries.columns() for path, entries in graphs.items()}
+    tally = result.plan.tally()
+    report = build_report(
+        command="convert", model_path="m.onnx", model_nodes=0, output_path=None, written=False, options={}, conversion=result
+    )
+    assert any(row >= 0 for entries in graphs.values() for row in entries.row_numbers), "no entry held as a shared decision"
+    made = {path: list(entries) for path, entries in graphs.items()}
+    assert tally == Counter((e.precision, e.rule, e.op_type) for entries in made.values() for e in entries)
+    assert report["plan"]["rules"] == dict(sorted(Counter(e.rule for e in result.plan).items()))
+    low_ops = Counter(e.op_type for e in result.plan if e.precision is Precision.LOW)
+    assert report["plan"]["low_ops"] == dict(sorted(low_ops.items()))
+    for path, entries in made.items():
+        low = [e.precision is Precision.LOW for e in entries]
+        assert columns[path][0] == [e.precision for e in entries]
+        assert columns[path][1] == [e.low_inputs if is_low else () for e, is_low in zip(entries, low, strict=True)]
+        assert columns[path][2] == [e.low_outputs if is_low else () for e, is_low in zip(entries, low, strict=True)]
+        assert [e.index for e in entries] == list(range(len(entries)))
+
+
+def test_an_entry_read_is_the_one_kept():
+    """An entry made when read is kept: a change to it (the planner's
+    backward pass changes entries it reads) is what is read next, by index,
+    as a decision, in the columns and in the tally."""
+    from amp_convert.plan import Precision
+
+    result = convert(_load("zoo:gpt2"), level="O2", check="none")
+    entries = result.plan.entries[""]
+    i = next(k for k, row in enumerate(entries.row_numbers) if row >= 0 and entries.rows[row][0] is Precision.LOW)
+    entry = entries[i]
+    assert entries[i] is entry and entries[i - len(entries)] is entry
+    fp32, low = ((p, entry.rule, entry.op_type) for p in (Precision.FP32, Precision.LOW))
+    before = result.plan.tally()
+    entry.precision, entry.low_inputs = Precision.FP32, ()
+    assert entries.decision(i)[0] is Precision.FP32 and entries.columns()[0][i] is Precision.FP32
+    after = result.plan.tally()
+    assert (after[fp32], after[low]) == (before[fp32] + 1, before[low] - 1)
