@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from itertools import repeat
@@ -98,12 +98,26 @@ class GraphEntries(Sequence[PlanEntry]):
         self.row_numbers: list[int] = []
         self._made: dict[int, PlanEntry] = {}
 
+    @classmethod
+    def of(cls, path: str, entries: Iterable[PlanEntry]) -> GraphEntries:
+        """Entries made elsewhere (a plan built by hand), held as they are."""
+        entries = list(entries)
+        held = cls(path, [e.name for e in entries], [e.op_type for e in entries], [e.domain for e in entries], [])
+        for entry in entries:
+            held.add(entry)
+        return held
+
     def __len__(self) -> int:
         return len(self.row_numbers)
 
-    def __getitem__(self, i: int) -> PlanEntry:  # type: ignore[override]
+    def __getitem__(self, i: int | slice) -> PlanEntry | list[PlanEntry]:  # type: ignore[override]
+        n = len(self.row_numbers)
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(n))]
         if i < 0:
-            i += len(self.row_numbers)
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("plan entry index out of range")
         entry = self._made.get(i)
         if entry is None:
             precision, rule, reason, low_inputs, low_outputs = self.rows[self.row_numbers[i]]
@@ -116,6 +130,16 @@ class GraphEntries(Sequence[PlanEntry]):
 
     def __iter__(self) -> Iterator[PlanEntry]:
         return map(self.__getitem__, range(len(self.row_numbers)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (GraphEntries, list)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  (mutable, like the list it stands for)
+
+    def __repr__(self) -> str:
+        return f"GraphEntries({self.path!r}, {len(self)} entries)"
 
     def add(self, entry: PlanEntry) -> None:
         """The next node's entry, decided on its own."""
@@ -166,6 +190,11 @@ class Plan:
     profile: str
     entries: dict[str, GraphEntries] = field(default_factory=dict)  # graph path -> entries by index
     notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for path, entries in self.entries.items():  # (lists of entries given by hand)
+            if not isinstance(entries, GraphEntries):
+                self.entries[path] = GraphEntries.of(path, entries)
 
     def __iter__(self) -> Iterator[PlanEntry]:
         for entries in self.entries.values():

@@ -186,3 +186,29 @@ def test_an_entry_read_is_the_one_kept():
     assert entries.decision(i)[0] is Precision.FP32 and entries.columns()[0][i] is Precision.FP32
     after = result.plan.tally()
     assert (after[fp32], after[low]) == (before[fp32] + 1, before[low] - 1)
+
+
+def test_plan_entries_behave_as_the_list_they_stand_for():
+    """Indexes out of range raise (a negative one made up an entry and
+    corrupted the graph's rows), slices work, plans compare by their
+    entries, and a plan built by hand from lists of entries works."""
+    import copy
+
+    from amp_convert.plan import Plan, PlanEntry, Precision
+
+    first = convert(_load("zoo:gpt2"), level="O2", check="none").plan
+    second = convert(_load("zoo:gpt2"), level="O2", check="none").plan
+    entries = first.entries[""]
+    n, before = len(entries), first.to_json()
+    for bad in (n, -n - 1):
+        with pytest.raises(IndexError):
+            entries[bad]
+    assert first.to_json() == before and entries[-n] is entries[0]
+    assert entries[1:4] == [entries[1], entries[2], entries[3]] and [e.index for e in entries[-2:]] == [n - 2, n - 1]
+    assert first == second and copy.deepcopy(first) == first
+    second.entries[""][0].reason = "changed"
+    assert first != second
+    made = [PlanEntry("", 0, "mm", "MatMul", "", Precision.LOW, "white-list", "w", (0, 1), (0,))]
+    by_hand = Plan("O2", "fp16", "default", entries={"": made})
+    assert by_hand.counts() == {"low": 1, "fp32": 0, "unchanged": 0}
+    assert by_hand.entries[""].columns() == ([Precision.LOW], [(0, 1)], [(0,)]) and by_hand.entries[""] == made
