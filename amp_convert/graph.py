@@ -7,7 +7,7 @@ keeps the converter linear in the number of nodes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 
@@ -151,16 +151,19 @@ def distinct_rows(ctx: GraphContext, codes: np.ndarray) -> tuple[np.ndarray, np.
 
 
 def node_label(node: onnx.NodeProto, index: int) -> str:
+    return label_of(node.name, node.op_type, index)
+
+
+def label_of(name: str, op_type: str, index: int) -> str:
     """How plans, reports and name rules call a node: its name, or OpType_index."""
-    return node.name or f"{node.op_type}_{index}"
+    return name or f"{op_type}_{index}"
 
 
-def checked_label(node: onnx.NodeProto, index: int) -> str:
-    """:func:`node_label`, refused if the name is not UTF-8 (see :func:`_check_utf8`)."""
-    label = node_label(node, index)
-    if type(label) is not str:
-        raise not_utf8(label)
-    return label
+def check_utf8(names: Iterable) -> None:
+    """ONNX names are UTF-8; protobuf hands invalid ones back as bytes, which
+    no later stage can handle: refused with the first of them."""
+    if not set(map(type, names)) <= {str}:
+        raise not_utf8(next(n for n in names if type(n) is not str))
 
 
 def not_utf8(name: object) -> AmpError:
@@ -248,11 +251,10 @@ def _readers(table: SlotTable) -> dict[str, list[tuple[int, int]]]:
 
 
 def _check_utf8(ctx: GraphContext, ops: list) -> None:
-    """ONNX names are UTF-8; protobuf hands invalid ones back as bytes, which
-    no later stage can handle. (One pass over the index, not the proto.)"""
+    """:func:`check_utf8` over the index's names (one pass over the index,
+    not the proto; node names are the planner's, which reads them)."""
     for names in (ctx.producer, ctx.consumers, ctx.input_names, ctx.output_names, ctx.initializers, ops, ctx.domains):
-        if not set(map(type, names)) <= {str}:
-            raise not_utf8(next(n for n in names if type(n) is not str))
+        check_utf8(names)
 
 
 def tensor_names(root: GraphContext) -> set[str]:

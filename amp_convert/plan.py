@@ -38,7 +38,7 @@ import onnx
 
 from .calibrate import Calibration
 from .dtypes import FLOAT, LowDtype
-from .graph import UNTYPED, GraphContext, SlotTable, cast_to, checked_label, distinct_rows, not_utf8
+from .graph import UNTYPED, GraphContext, SlotTable, cast_to, check_utf8, distinct_rows, label_of
 from .lists import (
     CONTROL_FLOW_OPS,
     DTYPE_AGNOSTIC_INPUTS,
@@ -121,9 +121,8 @@ class GraphEntries(Sequence[PlanEntry]):
         entry = self._made.get(i)
         if entry is None:
             precision, rule, reason, low_inputs, low_outputs = self.rows[self.row_numbers[i]]
-            label = self._names[i] or f"{self._ops[i]}_{i}"
             op, domain = self._ops[i], self._domains[i]
-            entry = PlanEntry(self.path, i, label, op, domain, precision, rule, reason, low_inputs, low_outputs)
+            entry = PlanEntry(self.path, i, self.label(i), op, domain, precision, rule, reason, low_inputs, low_outputs)
             # (made once: whoever reads it may change it, and the row is shared)
             self._made[i], self.row_numbers[i] = entry, -1
         return entry
@@ -140,6 +139,10 @@ class GraphEntries(Sequence[PlanEntry]):
 
     def __repr__(self) -> str:
         return f"GraphEntries({self.path!r}, {len(self)} entries)"
+
+    def label(self, i: int) -> str:
+        """Node ``i``'s label (see :func:`graph.label_of`)."""
+        return label_of(self._names[i], self._ops[i], i)
 
     def add(self, entry: PlanEntry) -> None:
         """The next node's entry, decided on its own."""
@@ -368,10 +371,9 @@ class Planner:
         return self.plan
 
     def _plan_graph(self, ctx: GraphContext) -> None:
-        labels = [node.name for node in ctx.nodes]
-        if not set(map(type, labels)) <= {str}:
-            raise not_utf8(next(label for label in labels if type(label) is not str))
-        entries = self.plan.entries[ctx.path] = GraphEntries(ctx.path, labels, ctx.ops, ctx.domains, self._rows)
+        names = [node.name for node in ctx.nodes]
+        check_utf8(names)
+        entries = self.plan.entries[ctx.path] = GraphEntries(ctx.path, names, ctx.ops, ctx.domains, self._rows)
         is_main = ctx.parent is None
         source_state = LOW if (is_main and self.options.io_types == "low") else NEUTRAL
         types, states = ctx.types, self.states
@@ -430,7 +432,7 @@ class Planner:
                             for k, out_state in out_states:
                                 states[outs[k]] = out_state
                         continue
-            entry, state = self._classify(ctx, i)
+            entry, state = self._classify(ctx, i, entries.label(i))
             entries.add(entry)
             if state == _FOLLOW and not self._resolve_follow(ctx, i, entry):
                 state = NEUTRAL
@@ -490,10 +492,9 @@ class Planner:
 
     # ------------------------------------------------------- classification
 
-    def _classify(self, ctx: GraphContext, i: int) -> tuple[PlanEntry, str]:
+    def _classify(self, ctx: GraphContext, i: int, label: str) -> tuple[PlanEntry, str]:
         node = ctx.nodes[i]
         op, domain = ctx.ops[i], ctx.domains[i]
-        label = checked_label(node, i)  # (its domain is one the index checked)
         precision, rule, reason, state = self._decide(ctx, i, node, op, domain, label)
         entry = PlanEntry(ctx.path, i, label, op, domain, precision, rule, reason)
         if precision is Precision.LOW:  # wanted low: the schema and the safety rules may still say no
