@@ -14,6 +14,7 @@ import os
 import sys
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -497,6 +498,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     from .external import payload
     from .load import read_model
     from .pipeline import convert
+    from .safety import model_constant_facts
     from .save import save_model, write_text
 
     auto = kw["level"] == "auto"
@@ -506,7 +508,9 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         raise AmpError("--level auto measures accuracy: it cannot run with --no-validate")
     # Without validation nothing runs the input before it is converted: the
     # checker runs beside the conversion, in a child process.
-    loaded = read_model(model, lazy_external=True, background=not (kw["validate"] or kw["calibration"]))
+    # (which, meanwhile, works out the facts on the model's constants the planner and the rewrite use)
+    ahead = partial(model_constant_facts, low=options.low) if options.effective_level != "O0" else None
+    loaded = read_model(model, lazy_external=True, background=not (kw["validate"] or kw["calibration"]), ahead=ahead)
     with loaded.checked():
         reference = loaded.model
         # Every output is checked before anything is converted or written.
@@ -547,6 +551,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
                     on_stage=on_stage,
                     # (see command; a validating run frees them first: its sessions need the memory)
                     keep=click.get_current_context().obj if source is None else None,
+                    constant_facts=loaded.ahead_result,
                 )
             validation = (
                 _validate(reference, result.model, source, kw, result.plan, folder, calibration) if source is not None else None
@@ -600,7 +605,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     )
     _emit_reports(report, kw)
     if not kw["quiet"] and not kw["json_out"]:
-        c = result.plan.counts()
+        c = report["plan"]["counts"]
         level = (
             f"auto ({len(searched.trials)} trials, {searched.low_compute:.1%} of compute low)" if searched else result.plan.level
         )

@@ -194,17 +194,16 @@ def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext |
     ctx.input_names = [v.name for v in graph.input]
     ctx.input_set = set(ctx.input_names)
     ctx.output_names = [v.name for v in graph.output]
-    ctx.initializers = {t.name: t for t in graph.initializer}
-    for t in graph.sparse_initializer:
-        ctx.initializers.setdefault(t.values.name, t.values)
+    ctx.initializers = graph_initializers(graph)
     nodes = ctx.nodes
     # Column by column: each protobuf field is read once, in one comprehension.
     ctx.ins = [node.input[:] for node in nodes]
-    ctx.outs = outs = [node.output[:] for node in nodes]
+    ctx.outs = [node.output[:] for node in nodes]
     ctx.ops = ops = [node.op_type for node in nodes]
     ctx.domains = domains = [node.domain for node in nodes]
     ctx.consumers = consumers = _readers(ctx.input_slots())
-    ctx.producer = producer = {name: i for i, node_outs in enumerate(outs) for name in node_outs}
+    outputs = ctx.output_slots()  # (a later name wins, as it would in a loop over the nodes)
+    ctx.producer = producer = dict(zip(outputs.names, outputs.node.tolist(), strict=True))
     # Only these default-domain ops carry graphs; other domains may (e.g. BeamSearch).
     containers = [
         i
@@ -233,6 +232,14 @@ def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext |
     if parent is not None:  # (the main graph reads nothing from outside)
         ctx.free_names = set(consumers).union(ctx.captured_by).difference(producer, ctx.initializers, ctx.input_set)
     return ctx
+
+
+def graph_initializers(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """A graph's initializers by name, with the values of its sparse ones."""
+    initializers = {t.name: t for t in graph.initializer}
+    for t in graph.sparse_initializer:
+        initializers.setdefault(t.values.name, t.values)
+    return initializers
 
 
 def _readers(table: SlotTable) -> dict[str, list[tuple[int, int]]]:

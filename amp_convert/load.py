@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import signal
 import stat
+import struct
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,17 +68,25 @@ class BackgroundCheck:
     GIL: a thread would not run beside the converter). :meth:`wait` gives
     its verdict: nothing, or the AmpError :func:`check_input_model` raises.
 
+    The child can first work something out from the input's bytes for the
+    converter (``ahead``: the facts on its constants), which
+    :meth:`ahead_result` hands over. What the child says comes as frames:
+    an 8-byte length, then a pickle (the ahead result, then the verdict).
+
     Used where nothing but the converter's own Python code touches the model
     before the verdict: no onnxruntime session, nothing written."""
 
-    def __init__(self, pid: int, read_end: int, path: Path) -> None:
+    def __init__(self, pid: int, read_end: int, path: Path, ahead: bool = False) -> None:
         self._pid, self._read_end, self._path = pid, read_end, path
         self._verdict: AmpError | bool | None = False  # False: not yet known
+        self._ahead_pending = ahead  # an ahead frame comes first, not read yet
 
     @classmethod
-    def start(cls, source: bytes | str, path: Path) -> BackgroundCheck | None:
+    def start(cls, source: bytes | str, path: Path, ahead: Callable[[bytes], object] | None = None) -> BackgroundCheck | None:
         """Check ``source`` (the file's bytes, or its path) in a child; None
-        when no child can be made (the caller checks it itself)."""
+        when no child can be made (the caller checks it itself). ``ahead``
+        (given bytes) runs first, in the child, on them."""
+        ahead = ahead if isinstance(source, bytes) else None
         read_end, write_end = os.pipe()
         try:
             with warnings.catch_warnings():  # (3.12+ warns of fork with threads: numpy's idle BLAS pool here)
@@ -86,31 +96,50 @@ class BackgroundCheck:
             os.close(read_end)
             os.close(write_end)
             return None
-        if pid == 0:  # the child: check, write the verdict, leave without running any cleanup
+        if pid == 0:  # the child: work ahead, check, write what it found, leave without running any cleanup
             try:
                 os.close(read_end)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 _die_with_parent()
+                if ahead is not None:
+                    try:
+                        found = ahead(source)
+                    except Exception:  # (the converter works it out itself)
+                        found = None
+                    _write_frame(write_end, found)
                 try:
                     check_input_model(source, str(path))
-                    verdict = b"ok"
+                    verdict = None
                 except AmpError as e:
-                    verdict = str(e).encode("utf-8", "replace")
-                view = memoryview(verdict)
-                while view:
-                    view = view[os.write(write_end, view) :]
+                    verdict = str(e)
+                _write_frame(write_end, verdict)
             finally:
                 os._exit(0)
         os.close(write_end)
-        return cls(pid, read_end, path)
+        return cls(pid, read_end, path, ahead is not None)
+
+    def ahead_result(self) -> object | None:
+        """What the child worked out ahead (waiting for it); None if it was
+        asked nothing, found nothing, failed, or was handed over before."""
+        if not self._ahead_pending or self._verdict is not False:
+            return None
+        self._ahead_pending = False
+        try:
+            frame = _read_frame(self._read_end)
+        except BaseException:
+            self.cancel()
+            raise
+        return None if frame is None else frame[0]
 
     def wait(self) -> None:
         """Block until the checker is done; raise its AmpError if the input fails it."""
         if self._verdict is False:
             try:
-                with open(self._read_end, "rb", closefd=False) as pipe:
-                    text = pipe.read()
+                if self._ahead_pending:  # (never asked for: passed over)
+                    self._ahead_pending = False
+                    _read_frame(self._read_end)
+                frame = _read_frame(self._read_end)
                 try:
                     exited = os.WIFEXITED(os.waitpid(self._pid, 0)[1])
                 except ChildProcessError:  # (SIGCHLD ignored: the system reaped it; a whole verdict came through)
@@ -119,14 +148,14 @@ class BackgroundCheck:
                 self.cancel()
                 raise
             os.close(self._read_end)
-            if not (exited and text):  # the child died (out of memory?): check the file here
+            if not (exited and frame is not None):  # the child died (out of memory?): check the file here
                 try:
                     check_input_model(str(self._path), str(self._path))
                     self._verdict = None
                 except AmpError as e:
                     self._verdict = e
             else:
-                self._verdict = None if text == b"ok" else AmpError(text.decode("utf-8", "replace"))
+                self._verdict = None if frame[0] is None else AmpError(frame[0])
         if self._verdict is not None:
             raise self._verdict
 
@@ -139,6 +168,42 @@ class BackgroundCheck:
             with contextlib.suppress(OSError):
                 os.close(self._read_end)
             self._verdict = None
+
+
+_FRAME_HEADER = struct.Struct("<Q")
+
+
+def _write_frame(fd: int, value: object) -> None:
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    view = memoryview(_FRAME_HEADER.pack(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_frame(fd: int) -> tuple[object] | None:
+    """The next frame's value (in a 1-tuple: it may be None); None where
+    the child stopped before a whole frame."""
+    header = _read_exactly(fd, _FRAME_HEADER.size)
+    if header is None:
+        return None
+    data = _read_exactly(fd, _FRAME_HEADER.unpack(header)[0])
+    if data is None:
+        return None
+    try:
+        return (pickle.loads(data),)
+    except Exception:  # (a torn frame: as if the child had died)
+        return None
+
+
+def _read_exactly(fd: int, n: int) -> bytearray | None:
+    buffer = bytearray(n)
+    view, got = memoryview(buffer), 0
+    while got < n:
+        k = os.readv(fd, [view[got:]])
+        if k == 0:
+            return None
+        got += k
+    return buffer
 
 
 def _die_with_parent() -> None:
@@ -180,6 +245,10 @@ class LoadedModel:
             raise
         self.check.wait()
 
+    def ahead_result(self) -> object | None:
+        """What the checker child worked out ahead (see :func:`read_model`), or None."""
+        return self.check.ahead_result() if self.check is not None else None
+
 
 def load_model(path: str | os.PathLike, *, lazy_external: bool = False) -> onnx.ModelProto:
     """Load and vet ``path``; raises AmpError with what is wrong.
@@ -189,11 +258,19 @@ def load_model(path: str | os.PathLike, *, lazy_external: bool = False) -> onnx.
     return read_model(path, lazy_external=lazy_external).model
 
 
-def read_model(path: str | os.PathLike, *, lazy_external: bool = False, background: bool = False) -> LoadedModel:
+def read_model(
+    path: str | os.PathLike,
+    *,
+    lazy_external: bool = False,
+    background: bool = False,
+    ahead: Callable[[bytes], object] | None = None,
+) -> LoadedModel:
     """:func:`load_model`, also naming the external data files it read from.
 
     ``background``: a large model is checked by a child process on another
-    core; the caller must run its work in ``LoadedModel.checked()``."""
+    core; the caller must run its work in ``LoadedModel.checked()``.
+    ``ahead``: what that child first works out from the model's bytes
+    (when they hold all of it), for ``LoadedModel.ahead_result()``."""
     p = Path(path)
     data = _read(p)
     _remember_input(p)
@@ -205,7 +282,7 @@ def read_model(path: str | os.PathLike, *, lazy_external: bool = False, backgrou
         # No external data: the child starts before the model is parsed, so
         # the pages the conversion writes were never shared with it (each
         # first write to a shared page would copy it).
-        check = BackgroundCheck.start(data, p)
+        check = BackgroundCheck.start(data, p, ahead)
     try:
         model = _parse(p, data)
         check_versions(model, str(p))
@@ -219,7 +296,7 @@ def read_model(path: str | os.PathLike, *, lazy_external: bool = False, backgrou
     if external:
         _check_external_data(external, p)
     if check is None and background and (lazy_external or not external):
-        check = BackgroundCheck.start(source, p)
+        check = BackgroundCheck.start(source, p, ahead)
     if check is None:
         check_input_model(source, str(p))
         if external and not lazy_external:

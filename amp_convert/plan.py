@@ -48,7 +48,7 @@ from .lists import (
     OpLists,
 )
 from .options import ConvertOptions
-from .safety import ConstantRanges, data_range_problem
+from .safety import ConstantRanges, constant_values, data_range_problem
 from .schema import Signature, first_opset_admitting, is_default_domain, model_opsets, op_key, signature
 from .typeinfo import NOT_A_TENSOR
 
@@ -219,11 +219,13 @@ class Plan:
             tally.update(entries.tally())
         return tally
 
-    def counts(self) -> dict[str, int]:
-        tally: Counter = Counter()
-        for (precision, _, _), n in self.tally().items():
-            tally[precision] += n
-        return {p.value: tally.get(p, 0) for p in Precision}
+    def counts(self, tally: Counter | None = None) -> dict[str, int]:
+        """Nodes per precision (from ``tally``, this plan's :meth:`tally` when
+        the caller has it: a large plan's tally takes a while)."""
+        by_precision: Counter = Counter()
+        for (precision, _, _), n in (self.tally() if tally is None else tally).items():
+            by_precision[precision] += n
+        return {p.value: by_precision.get(p, 0) for p in Precision}
 
     def as_dict(self) -> dict:
         return {
@@ -365,8 +367,9 @@ class Planner:
     def run(self, ctx: GraphContext) -> Plan:
         if self.constants_rule:
             for c in ctx.walk():
-                self.ranges.prime(c.path, c.initializers)
-                self.ranges.prime(c.path, self.ranges.constant_values(c))
+                if not self.ranges.primed(c.path):  # (the input's checker child may have done the main graph)
+                    self.ranges.prime(c.path, c.initializers, self.low)
+                    self.ranges.prime(c.path, constant_values(c.nodes, c.ops), self.low)
         self._plan_graph(ctx)
         return self.plan
 

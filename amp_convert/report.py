@@ -48,7 +48,8 @@ def build_report(
     if conversion is not None:
         rules: dict[str, int] = {}
         low_ops: dict[str, int] = {}
-        for (precision, rule, op_type), n in conversion.plan.tally().items():
+        tally = conversion.plan.tally()
+        for (precision, rule, op_type), n in tally.items():
             rules[rule] = rules.get(rule, 0) + n
             if precision is Precision.LOW:
                 low_ops[op_type] = low_ops.get(op_type, 0) + n
@@ -56,7 +57,7 @@ def build_report(
             "level": conversion.plan.level,
             "dtype": conversion.plan.dtype,
             "profile": conversion.plan.profile,
-            "counts": conversion.plan.counts(),
+            "counts": conversion.plan.counts(tally),
             "rules": dict(sorted(rules.items())),
             "low_ops": dict(sorted(low_ops.items())),
             "notes": conversion.plan.notes,

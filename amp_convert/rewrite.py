@@ -298,7 +298,6 @@ class Rewriter:
         precision, low_ins, low_outs = self.plan.entries[ctx.path].columns()
         reads = _slot_reads(ctx, low_ins)
         floats = [name for name in ctx.initializers if types.get(name) == FLOAT]  # (its data type, without reading the proto)
-        primed = self.ranges.take_raw(ctx.path) if self.ranges is not None else {}
         for name, (read_low, read_f32) in zip(floats, self._initializer_reads(ctx, floats, reads), strict=True):
             tensor = ctx.initializers[name]
             if read_low is None:  # (the arrays cannot say: its readers are asked one by one)
@@ -306,14 +305,15 @@ class Rewriter:
                 read_low, read_f32 = low in wants, bool(wants - {low})
             # (an initializer listed as an input keeps its declared type)
             if read_low and not read_f32 and name not in ctx.input_set:
-                raw = primed.get(name) or small_raw(tensor)
-                if raw:
-                    batch.append(tensor)
-                    blobs.append(raw)
-                else:
-                    external = self.ranges is not None and is_external(tensor)
-                    known = self.ranges.stats(ctx.path, name, tensor) if external else None
-                    lower_tensor(tensor, self.low, self.stats, base_dir=self.base_dir, values=known)
+                if not self._lower_known(ctx.path, name, tensor):
+                    raw = small_raw(tensor)
+                    if raw:
+                        batch.append(tensor)
+                        blobs.append(raw)
+                    else:
+                        external = self.ranges is not None and is_external(tensor)
+                        known = self.ranges.stats(ctx.path, name, tensor) if external else None
+                        lower_tensor(tensor, self.low, self.stats, base_dir=self.base_dir, values=known)
                 changed[name] = low
                 self.stats.initializers_lowered += 1
             elif read_low:
@@ -347,7 +347,7 @@ class Rewriter:
                 for sub in subgraphs.get(i, ()):
                     self._rewrite_graph(sub)
             if precision[i] is _LOW and ops[i] in REWRITTEN_OPS:
-                self._lower_node(ctx.nodes[i])
+                self._lower_node(ctx.nodes[i], ctx.path)
             if i in output_producers:
                 self._fix_graph_outputs(ctx, i, ctx.nodes[i], changed, after)
         if ctx.parent is not None:
@@ -377,6 +377,19 @@ class Rewriter:
         if top or after:
             _place(ctx, top, after)
             self.stats.casts_inserted += len(top) + sum(len(v) for v in after.values())
+
+    def _lower_known(self, scope: str, name: str, tensor: onnx.TensorProto) -> bool:
+        """Lower constant ``name`` with the values the planner's pass over
+        the constants already converted (see :meth:`ConstantRanges.low_values`);
+        False where it holds none."""
+        lowered = self.ranges.low_values(scope, name, self.low) if self.ranges is not None else None
+        if lowered is None:
+            return False
+        tensor.raw_data, flushed = lowered
+        tensor.data_type = self.low.onnx_type
+        if flushed:
+            self.stats.flushed[name] = self.stats.flushed.get(name, 0) + flushed
+        return True
 
     @staticmethod
     def _initializer_reads(ctx: GraphContext, names: list[str], reads: _SlotReads) -> Iterator[tuple[bool | None, bool]]:
@@ -496,7 +509,7 @@ class Rewriter:
 
     # -------------------------------------------------------------- node body
 
-    def _lower_node(self, node: onnx.NodeProto) -> None:
+    def _lower_node(self, node: onnx.NodeProto, scope: str) -> None:
         """Rewrite the attributes that fix a low node's output type."""
         if not is_default_domain(node.domain):
             return
@@ -506,7 +519,7 @@ class Rewriter:
             _set_int_attr(node, DTYPE_ATTRIBUTE_OPS[op], low)
             self.stats.attributes_rewritten += 1
         elif op == "Constant":
-            self._lower_constant(node)
+            self._lower_constant(node, scope)
         elif op == "ConstantOfShape":
             for a in node.attribute:
                 if a.name == "value":
@@ -516,14 +529,15 @@ class Rewriter:
                 node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(np.zeros(1, self.low.numpy))))
             self.stats.constants_lowered += 1
 
-    def _lower_constant(self, node: onnx.NodeProto) -> None:
+    def _lower_constant(self, node: onnx.NodeProto, scope: str) -> None:
         for idx, a in enumerate(node.attribute):
             if a.name == "value":
-                raw = small_raw(a.t)
-                if raw:
-                    self._constants.append((a.t, node.output[0], raw))
-                else:
-                    lower_tensor(a.t, self.low, self.stats, node.output[0], self.base_dir)
+                if not self._lower_known(scope, node.output[0], a.t):
+                    raw = small_raw(a.t)
+                    if raw:
+                        self._constants.append((a.t, node.output[0], raw))
+                    else:
+                        lower_tensor(a.t, self.low, self.stats, node.output[0], self.base_dir)
             elif a.name in ("value_float", "value_floats"):
                 values = np.array(a.f if a.name == "value_float" else list(a.floats), dtype=np.float32)
                 tensor = numpy_helper.from_array(to_low_array(values, self.low, node.output[0], self.stats))

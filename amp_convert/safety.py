@@ -10,6 +10,9 @@ low precision.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import compress
 from pathlib import Path
 from typing import NamedTuple
 
@@ -21,7 +24,7 @@ from .calibrate import Calibration
 from .dtypes import LowDtype
 from .errors import AmpError
 from .external import read_array
-from .graph import GraphContext
+from .graph import GraphContext, graph_initializers
 
 # Ops that pass a constant's values through unchanged (so a constant behind
 # them still reaches the consumer as it is).
@@ -121,6 +124,124 @@ def raw_float32(tensor: onnx.TensorProto) -> np.ndarray:
     return np.frombuffer(data, dtype="<f4")
 
 
+@dataclass(eq=False)
+class ConstantFacts:
+    """What one vectorised pass over many small raw float32 constants finds,
+    a row per constant: their statistics, and their values already in the
+    low dtype for the rewrite. Worked out by :func:`constant_facts`, in the
+    converter or, ahead of it, in the child that checks the input (see
+    :func:`model_constant_facts`): plain lists and bytes, cheap to send."""
+
+    low: str  # the key of the low dtype of ``low_data``
+    names: list[str]
+    size: list[int]
+    abs_max: list[float]
+    finite: list[bool]
+    nonzero: list[int]
+    underflow_fp16: dict[int, int]  # row -> non-zero values that round to zero (rows with none are left out)
+    underflow_bf16: dict[int, int]
+    flushed: dict[int, int]  # row -> non-zero values that are zero in ``low_data``
+    low_data: bytes  # every row's values in the low dtype, one row after the other
+    ends: list[int]  # where each row's values end in ``low_data``
+
+    def stats(self, row: int) -> ValueStats:
+        return ValueStats(
+            self.size[row],
+            self.abs_max[row],
+            self.nonzero[row],
+            self.underflow_fp16.get(row, 0),
+            self.underflow_bf16.get(row, 0),
+            0,
+        )
+
+    def unremarkable(self, low: LowDtype) -> set[str]:
+        """Names of the rows ``low`` holds as they are: finite, within range, nothing flushed."""
+        fits = [ok and high <= low.max for ok, high in zip(self.finite, self.abs_max, strict=True)]
+        for row in self.underflow_fp16 if low.key == "fp16" else self.underflow_bf16:
+            fits[row] = False
+        return set(compress(self.names, fits))
+
+
+def constant_facts(names: list[str], blobs: list[bytes], low: LowDtype) -> ConstantFacts:
+    """:class:`ConstantFacts` of the constants ``names`` whose raw float32
+    bytes are ``blobs`` (whole values, at least one), in one array: an
+    array per tensor costs more than its values, for small ones."""
+    sizes = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs)) // 4
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    values = np.frombuffer(b"".join(blobs), dtype="<f4")
+    with np.errstate(over="ignore"):  # (a value beyond the range is not taken from here: see low_values)
+        lowered = values.astype(low.numpy)
+    magnitude = np.abs(values)
+    highs = np.maximum.reduceat(magnitude, starts)
+    nonzero = magnitude > 0
+    # (summed as bytes into 32-bit counts: a bool array summed as int64 is first copied whole as int64)
+    n_nonzero = np.add.reduceat(nonzero.view(np.uint8), starts, dtype=np.uint32)
+    tiny = nonzero & (magnitude <= np.float32(_FP16_ZERO))  # (few or none: counted where they are)
+    under_fp16 = segment_counts(tiny, starts)
+    under_bf16 = segment_counts(tiny & (magnitude <= np.float32(_BF16_ZERO)), starts) if under_fp16 else {}
+    return ConstantFacts(
+        low=low.key,
+        names=names,
+        size=sizes.tolist(),
+        abs_max=highs.tolist(),
+        finite=np.isfinite(highs).tolist(),
+        nonzero=n_nonzero.tolist(),
+        underflow_fp16=under_fp16,
+        underflow_bf16=under_bf16,
+        flushed=segment_counts(nonzero & (lowered == 0), starts),
+        low_data=lowered.tobytes(),
+        ends=(ends * lowered.itemsize).tolist(),
+    )
+
+
+def chunked_facts(
+    tensors: dict[str, onnx.TensorProto], low: LowDtype, most: int = 1 << 16, chunk: int = 1 << 22
+) -> list[ConstantFacts]:
+    """:func:`constant_facts` of the raw float32 tensors of up to ``most``
+    elements among ``tensors`` (others are left to
+    :meth:`ConstantRanges.stats`), in passes over up to ``chunk`` elements."""
+    facts, names, blobs, size, chunk_bytes = [], [], [], 0, chunk * 4
+    for name, t in tensors.items():
+        if t.data_type == onnx.TensorProto.FLOAT:
+            data = small_raw(t, most)
+            if data:
+                names.append(name)
+                blobs.append(data)
+                size += len(data)
+                if size >= chunk_bytes:
+                    facts.append(constant_facts(names, blobs, low))
+                    names, blobs, size = [], [], 0
+    if blobs:
+        facts.append(constant_facts(names, blobs, low))
+    return facts
+
+
+def model_constant_facts(data: bytes, low: LowDtype) -> list[ConstantFacts]:
+    """The facts :meth:`ConstantRanges.prime` gathers on the main graph of
+    the serialized model ``data`` (its initializers, then its Constant
+    values): worked out by the input's checker child while the converter
+    indexes the model (see :func:`amp_convert.load.read_model`)."""
+    graph = onnx.ModelProto.FromString(data).graph
+    nodes = graph.node
+    return chunked_facts(graph_initializers(graph), low) + chunked_facts(constant_values(nodes, [n.op_type for n in nodes]), low)
+
+
+def constant_values(nodes: Sequence[onnx.NodeProto], ops: Sequence[str]) -> dict[str, onnx.TensorProto]:
+    """The tensors Constant nodes (``ops``: the nodes' op types) hold in a
+    ``value`` attribute, by output name (what :meth:`ConstantRanges.prime`
+    can take with the initializers; other Constant forms are judged one by
+    one)."""
+    values = {}
+    for i in [i for i, op in enumerate(ops) if op == "Constant"]:
+        node = nodes[i]
+        if node.output:
+            for a in node.attribute:
+                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                    values[node.output[0]] = a.t
+    return values
+
+
 class ConstantRanges:
     """Finds and caches the value statistics of the constants nodes read.
 
@@ -131,82 +252,65 @@ class ConstantRanges:
     def __init__(self, clip: bool = False, base_dir: Path | None = None) -> None:
         # (graph path, name) -> statistics: sibling subgraphs may each hold a constant of the same name
         self._stats: dict[tuple[str, str], ValueStats] = {}
+        # graph path -> the facts gathered there, and each name's (facts, row) in them
+        self._facts: dict[str, list[ConstantFacts]] = {}
+        self._rows: dict[str, dict[str, tuple[ConstantFacts, int]]] = {}
         # (graph path, low dtype) -> the names there that may carry an unrepresentable constant,
         # and, for those judged, why a node cannot read them low (None: it can)
         self._suspects: dict[tuple[str, str], frozenset[str]] = {}
         self._verdicts: dict[tuple[str, str], dict[str, str | None]] = {}
-        # graph path -> name -> the raw bytes prime read (for the rewrite's lowering: read once)
-        self._raw: dict[str, dict[str, bytes]] = {}
         self.clip = clip
         self.base_dir = base_dir
 
     def stats(self, scope: str, name: str, tensor: onnx.TensorProto) -> ValueStats:
         """Statistics of constant ``name`` defined in the graph at path ``scope``."""
-        key = (scope, name)
-        if key not in self._stats:
-            self._stats[key] = value_stats(constant_array(tensor, self.base_dir))
-        return self._stats[key]
+        known = self.known(scope, name)
+        if known is None:
+            known = self._stats[scope, name] = value_stats(constant_array(tensor, self.base_dir))
+        return known
 
-    def take_raw(self, scope: str) -> dict[str, bytes]:
-        """The :func:`small_raw` bytes :meth:`prime` read in the graph at path
-        ``scope``, by name, handed over once (read again, a tensor's raw data
-        would be copied again)."""
-        return self._raw.pop(scope, {})
+    def known(self, scope: str, name: str) -> ValueStats | None:
+        """The statistics of ``name`` gathered so far (None: not yet, or
+        not finite: those are left to :meth:`stats`)."""
+        found = self._stats.get((scope, name))
+        if found is None:
+            row = self._rows.get(scope, {}).get(name)
+            if row is not None and row[0].finite[row[1]]:
+                found = self._stats[scope, name] = row[0].stats(row[1])
+        return found
 
-    def prime(self, scope: str, initializers: dict[str, onnx.TensorProto], most: int = 1 << 16, chunk: int = 1 << 22) -> None:
-        """Statistics of the raw float32 initializers of up to ``most``
-        elements in a few vectorised passes over chunks of up to ``chunk``
-        elements (graphs with tens of thousands of weights would otherwise
-        pay numpy's per-call overhead for each). Tensors with non-finite
-        values are left to :meth:`stats`."""
-        names, blobs, size = [], [], 0
-        known, chunk_bytes = self._stats, chunk * 4
-        read = self._raw.setdefault(scope, {})
-        for name, t in initializers.items():
-            if t.data_type == onnx.TensorProto.FLOAT and (scope, name) not in known:
-                data = small_raw(t, most)  # (others are left to stats)
-                if data:
-                    names.append(name)
-                    blobs.append(data)
-                    read[name] = data
-                    size += len(data)
-                    if size >= chunk_bytes:
-                        self._prime_chunk(scope, names, blobs)
-                        names, blobs, size = [], [], 0
-        if blobs:
-            self._prime_chunk(scope, names, blobs)
+    def primed(self, scope: str) -> bool:
+        return scope in self._facts
 
-    def _prime_chunk(self, scope: str, names: list[str], blobs: list[bytes]) -> None:
-        # One array for the chunk: an array per tensor costs more than its values, for small ones.
-        sizes = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs)) // 4
-        starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-        flat = np.frombuffer(bytearray().join(blobs), dtype="<f4")  # (writable: made absolute in place)
-        np.abs(flat, out=flat)
-        highs = np.maximum.reduceat(flat, starts)
-        finite = np.isfinite(highs)
-        nonzero = flat > 0
-        # (summed as bytes into 32-bit counts: a bool array summed as int64 is first copied whole as int64)
-        n_nonzero = np.add.reduceat(nonzero.view(np.uint8), starts, dtype=np.uint32).tolist()
-        tiny = nonzero & (flat <= np.float32(_FP16_ZERO))  # (few or none: counted where they are)
-        under_fp16 = segment_counts(tiny, starts)
-        under_bf16 = segment_counts(tiny & (flat <= np.float32(_BF16_ZERO)), starts) if under_fp16 else {}
-        rows = zip(names, sizes.tolist(), highs.tolist(), finite.tolist(), n_nonzero, strict=True)
-        for k, (name, size, high, ok, nonzeros) in enumerate(rows):
-            if ok:
-                self._stats[scope, name] = ValueStats(size, high, nonzeros, under_fp16.get(k, 0), under_bf16.get(k, 0), 0)
+    def adopt(self, scope: str, facts: list[ConstantFacts]) -> None:
+        """Take facts gathered on the graph at path ``scope`` (here, or by the input's checker child)."""
+        self._facts.setdefault(scope, []).extend(facts)
+        rows = self._rows.setdefault(scope, {})
+        for f in facts:
+            rows.update(zip(f.names, ((f, row) for row in range(len(f.names))), strict=True))
 
-    @staticmethod
-    def constant_values(ctx: GraphContext) -> dict[str, onnx.TensorProto]:
-        """The tensors Constant nodes of ``ctx`` hold in a ``value``
-        attribute, by output name (what :meth:`prime` can take with the
-        initializers; other Constant forms are judged one by one)."""
-        values = {}
-        for i, op in enumerate(ctx.ops):
-            if op == "Constant" and ctx.outs[i]:
-                for a in ctx.nodes[i].attribute:
-                    if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
-                        values[ctx.outs[i][0]] = a.t
-        return values
+    def prime(
+        self, scope: str, tensors: dict[str, onnx.TensorProto], low: LowDtype, most: int = 1 << 16, chunk: int = 1 << 22
+    ) -> None:
+        """Gather the facts (:func:`chunked_facts`) of ``tensors`` not known
+        yet in a few vectorised passes: graphs with tens of thousands of
+        weights would otherwise pay numpy's per-call overhead for each."""
+        rows = self._rows.get(scope, {})
+        fresh = {n: t for n, t in tensors.items() if n not in rows and (scope, n) not in self._stats}
+        self.adopt(scope, chunked_facts(fresh, low, most, chunk))
+
+    def low_values(self, scope: str, name: str, low: LowDtype) -> tuple[bytes, int] | None:
+        """Constant ``name``'s values in ``low`` as raw bytes, and how many
+        non-zero values became zero, from the facts gathered; None where
+        they do not hold them (a value to clip, a non-finite one, another
+        dtype, not gathered)."""
+        row = self._rows.get(scope, {}).get(name)
+        if row is None:
+            return None
+        facts, k = row
+        if facts.low != low.key or not facts.finite[k] or facts.abs_max[k] > low.max:
+            return None
+        return facts.low_data[facts.ends[k - 1] if k else 0 : facts.ends[k]], facts.flushed.get(k, 0)
 
     def constant_behind(self, ctx: GraphContext, name: str) -> tuple[str, str, onnx.TensorProto] | None:
         """The constant whose values reach tensor ``name`` unchanged, if any:
@@ -265,12 +369,15 @@ class ConstantRanges:
             stats, path = self._stats, ctx.path
             self._verdicts.setdefault(key, {})
             names = set(ctx.free_names)
-            names.update(n for n in ctx.initializers if not _unremarkable(stats.get((path, n)), low))
+            fine: set[str] = set()
+            for facts in self._facts.get(path, ()):
+                fine |= facts.unremarkable(low)
+            names.update(n for n in set(ctx.initializers).difference(fine) if not _unremarkable(stats.get((path, n)), low))
             for op, node_ins, outs in zip(ctx.ops, ctx.ins, ctx.outs, strict=True):
                 if op not in _CONSTANT_CARRIERS:
                     continue
                 if op == "Constant":  # (primed like an initializer: see constant_values)
-                    if outs and not _unremarkable(stats.get((path, outs[0])), low):
+                    if outs and outs[0] not in fine and not _unremarkable(stats.get((path, outs[0])), low):
                         names.update(outs)
                 elif op == "ConstantOfShape" or (node_ins and node_ins[0] in names):
                     names.update(outs)

@@ -631,6 +631,100 @@ def test_large_valid_input_checked_beside_the_conversion_converts(tmp_path):
     assert {t.name: t.data_type for t in converted.graph.initializer}["w"] == TensorProto.FLOAT16
 
 
+def _large_with_constants() -> onnx.ModelProto:
+    """A large model whose weights and Constant values the conversion lowers:
+    one with a value that flushes to zero, one beyond fp16's range (kept
+    fp32, or clipped with --clip-initializers)."""
+    rng = np.random.default_rng(5)
+    w, w2 = rng.standard_normal((4, 32)).astype(np.float32), rng.standard_normal((32, 4)).astype(np.float32)
+    w[0, 0] = 1e-9
+    big = np.array([[1e6], [2.0]], np.float32)
+    shift = rng.standard_normal((2, 32)).astype(np.float32)
+    shift[1, 1] = -2e-8
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+        helper.make_node("Constant", [], ["shift"], name="c", value=numpy_helper.from_array(shift, "shift")),
+        helper.make_node("Add", ["h", "shift"], ["s"], name="add"),
+        helper.make_node("Mul", ["s", "big"], ["m"], name="scale"),
+        helper.make_node("MatMul", ["m", "w2"], ["y"], name="mm2"),
+    ]
+    model = _large(nodes)
+    model.graph.initializer.extend([numpy_helper.from_array(a, name) for name, a in (("w", w), ("w2", w2), ("big", big))])
+    return model
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_constants_worked_out_by_the_checker_child_convert_as_in_process(tmp_path, dtype):
+    """The checker child first works out the facts on the main graph's
+    constants (statistics, values in the low dtype) for the planner and the
+    rewrite: the CLI's output and report must be those of the API, which
+    works them out itself."""
+    from functools import partial
+
+    from amp_convert.dtypes import LOW_DTYPES
+    from amp_convert.load import read_model
+    from amp_convert.safety import model_constant_facts
+
+    path = _save(tmp_path, _large_with_constants())
+    loaded = read_model(path, lazy_external=True, background=True, ahead=partial(model_constant_facts, low=LOW_DTYPES[dtype]))
+    with loaded.checked():
+        facts = loaded.ahead_result()
+    assert facts and {n for f in facts for n in f.names} == {"w", "w2", "big", "shift"}  # (the path under test; pad is large)
+    for clip in ([], ["--clip-initializers"]):
+        out, report = tmp_path / f"out{len(clip)}.onnx", tmp_path / f"report{len(clip)}.json"
+        proc = cli(path, "-o", out, "--no-validate", "--dtype", dtype, "--report", report, *clip)
+        assert proc.returncode == 0, proc.stderr
+        expected = convert(str(path), level="O2", dtype=dtype, clip_initializers=bool(clip))
+        assert onnx.load(str(out)) == expected.model
+        rewrite = json.loads(report.read_text())["conversion"]["rewrite"]
+        assert rewrite["flushed"] == expected.stats.flushed and rewrite["clipped"] == expected.stats.clipped
+        assert rewrite["flushed"] == ({"w": 1, "shift": 1} if dtype == "fp16" else {})
+        assert rewrite["clipped"] == ({"big": 1} if clip and dtype == "fp16" else {})
+
+
+def test_facts_from_elsewhere_are_taken_only_when_they_fit():
+    """Facts worked out ahead for another low dtype, or that the child could
+    not work out, leave the conversion as it is without them."""
+    from amp_convert.dtypes import BF16, FP16
+    from amp_convert.safety import model_constant_facts
+
+    model = _large_with_constants()
+    data = model.SerializeToString()
+    for dtype, facts in (("bf16", model_constant_facts(data, FP16)), ("fp16", None), ("fp16", model_constant_facts(data, FP16))):
+        expected = convert(model, level="O2", dtype=dtype)
+        given = convert(model, level="O2", dtype=dtype, constant_facts=lambda facts=facts: facts)
+        assert given.model == expected.model and given.stats == expected.stats
+    assert model_constant_facts(data, BF16)[0].low == "bf16"
+
+
+def test_the_checker_child_hands_over_what_it_works_out_ahead_then_its_verdict(tmp_path):
+    """Ahead work that fails is no answer (the converter works it out
+    itself); one never asked for is passed over by the verdict; either way
+    a bad input's verdict still comes."""
+    from amp_convert.load import BackgroundCheck
+
+    good = _save(tmp_path, _large([helper.make_node("Relu", ["x"], ["y"])]), "good.onnx")
+    nodes, fragment = LARGE_BAD_INPUTS["undefined-tensor"]
+    bad = _save(tmp_path, _large(nodes), "bad.onnx")
+    for path, verdict in ((good, None), (bad, fragment)):
+        data = path.read_bytes()
+        for ahead, expected in ((len, len(data)), (lambda d: 1 / 0, None), (lambda d: None, None)):
+            for asked in (True, False):
+                check = BackgroundCheck.start(data, path, ahead)
+                if asked:
+                    assert check.ahead_result() == expected
+                    assert check.ahead_result() is None  # (handed over once)
+                if verdict is None:
+                    check.wait()
+                else:
+                    with pytest.raises(AmpError, match=verdict):
+                        check.wait()
+                assert check.ahead_result() is None
+    check = BackgroundCheck.start(str(good), good, len)  # (a path, not bytes: nothing is worked out ahead)
+    assert check.ahead_result() is None
+    check.wait()
+
+
 # ---------------------------------------------------- options and config
 
 

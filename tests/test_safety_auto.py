@@ -110,12 +110,45 @@ def test_batched_constant_statistics_match_the_per_tensor_ones():
     tensors = {name: init(name, a) for name, a in arrays.items()}
     for chunk in (1 << 22, 64):  # all in one pass; a pass every few tensors
         ranges = ConstantRanges()
-        ranges.prime("", tensors, most=256, chunk=chunk)
-        assert ("", "large") not in ranges._stats and ("", "w3") in ranges._stats
+        ranges.prime("", tensors, FP16, most=256, chunk=chunk)
+        assert ranges.known("", "large") is None and ranges.known("", "inf") is None  # (left to stats())
+        assert ranges.known("", "w3") == value_stats(arrays["w3"])
         for name, tensor in tensors.items():
             assert ranges.stats("", name, tensor) == value_stats(arrays[name]), name
         assert ranges.stats("", "tiny", tensors["tiny"]).underflow_fp16 == 3
         assert ranges.stats("", "last", tensors["last"]).underflow_bf16 == 0
+
+
+@pytest.mark.parametrize("low", [FP16, BF16], ids=["fp16", "bf16"])
+def test_constants_converted_in_the_batched_pass_are_what_converting_each_gives(low):
+    """The planner's pass over small constants also converts them for the
+    rewrite: each one's bytes and flushed count must be those of converting
+    it alone; one to clip, a non-finite one, one too large or of another
+    dtype is left to the per-tensor path."""
+    rng = np.random.default_rng(3)
+    arrays = {f"w{i}": rng.standard_normal(30 + i).astype(np.float32) for i in range(12)}
+    arrays["tiny"] = np.array([0.0, 1e-9, -2e-8, 1e-41, 2.0, -3e-39], np.float32)  # (flushed in fp16, one in bf16)
+    arrays["big"] = np.array([1.0, -7e4], np.float32)  # (beyond fp16: clipped by the per-tensor path)
+    arrays["nan"] = np.array([np.nan, 1.0], np.float32)
+    arrays["large"] = rng.standard_normal(300).astype(np.float32)
+    tensors = {name: init(name, a) for name, a in arrays.items()}
+    tensors["int"] = init("int", np.arange(4, dtype=np.int64))
+    for chunk in (1 << 22, 50):
+        ranges = ConstantRanges()
+        ranges.prime("g", tensors, low, most=256, chunk=chunk)
+        for name, a in arrays.items():
+            expected = a.astype(low.numpy)
+            found = ranges.low_values("g", name, low)
+            if name in ("nan", "large") or (name == "big" and low is FP16):
+                assert found is None, name
+                continue
+            alone = RewriteStats()
+            lower_tensor(init(name, a), low, alone)
+            assert found == (expected.tobytes(), alone.flushed.get(name, 0)), name
+        assert ranges.low_values("g", "int", low) is None and ranges.low_values("other", "w1", low) is None
+        other = BF16 if low is FP16 else FP16
+        assert ranges.low_values("g", "w1", other) is None  # (converted to another dtype: not handed over)
+    assert ranges.low_values("g", "tiny", low)[1] == (4 if low is FP16 else 1)
 
 
 def test_segment_counts_count_each_segment_like_a_sum():
