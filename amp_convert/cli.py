@@ -494,11 +494,11 @@ def validation_options(f):
 )
 def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     """Convert MODEL to mixed precision, validate it, report, save."""
+    from .ahead import work_ahead
     from .check import check_file
     from .external import payload
     from .load import read_model
     from .pipeline import convert
-    from .safety import model_constant_facts
     from .save import save_model, write_text
 
     auto = kw["level"] == "auto"
@@ -508,9 +508,13 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         raise AmpError("--level auto measures accuracy: it cannot run with --no-validate")
     # Without validation nothing runs the input before it is converted: the
     # checker runs beside the conversion, in a child process.
-    # (which, meanwhile, works out the facts on the model's constants the planner and the rewrite use)
-    ahead = partial(model_constant_facts, low=options.low) if options.effective_level != "O0" else None
-    loaded = read_model(model, lazy_external=True, background=not (kw["validate"] or kw["calibration"]), ahead=ahead)
+    # (which, first, works out on another core what the converter needs right after indexing the model)
+    loaded = read_model(
+        model,
+        lazy_external=True,
+        background=not (kw["validate"] or kw["calibration"]),
+        ahead=partial(work_ahead, low=options.low),
+    )
     with loaded.checked():
         reference = loaded.model
         # Every output is checked before anything is converted or written.
@@ -551,7 +555,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
                     on_stage=on_stage,
                     # (see command; a validating run frees them first: its sessions need the memory)
                     keep=click.get_current_context().obj if source is None else None,
-                    constant_facts=loaded.ahead_result,
+                    ahead=loaded.ahead_result,
                 )
             validation = (
                 _validate(reference, result.model, source, kw, result.plan, folder, calibration) if source is not None else None

@@ -68,25 +68,29 @@ class BackgroundCheck:
     GIL: a thread would not run beside the converter). :meth:`wait` gives
     its verdict: nothing, or the AmpError :func:`check_input_model` raises.
 
-    The child can first work something out from the input's bytes for the
-    converter (``ahead``: the facts on its constants), which
-    :meth:`ahead_result` hands over. What the child says comes as frames:
-    an 8-byte length, then a pickle (the ahead result, then the verdict).
+    Before it checks, the child can work things out from the input's bytes
+    for the converter (``ahead``: see :mod:`amp_convert.ahead`), which
+    :meth:`ahead_result` hands over by name. The child writes frames (an
+    8-byte length, then a pickled (name, value) pair): what it worked out,
+    then its verdict.
 
     Used where nothing but the converter's own Python code touches the model
     before the verdict: no onnxruntime session, nothing written."""
 
-    def __init__(self, pid: int, read_end: int, path: Path, ahead: bool = False) -> None:
+    def __init__(self, pid: int, read_end: int, path: Path) -> None:
         self._pid, self._read_end, self._path = pid, read_end, path
         self._verdict: AmpError | bool | None = False  # False: not yet known
-        self._ahead_pending = ahead  # an ahead frame comes first, not read yet
+        self._ahead: dict[str, object] = {}  # read, not yet handed over
+        self._said: tuple[str | None] | None = None  # the verdict frame's value, once read
+        self._ended = False  # the verdict frame, or the end of the pipe, was read
 
     @classmethod
-    def start(cls, source: bytes | str, path: Path, ahead: Callable[[bytes], object] | None = None) -> BackgroundCheck | None:
+    def start(
+        cls, source: bytes | str, path: Path, ahead: Callable[[bytes], Iterator[tuple[str, object]]] | None = None
+    ) -> BackgroundCheck | None:
         """Check ``source`` (the file's bytes, or its path) in a child; None
         when no child can be made (the caller checks it itself). ``ahead``
-        (given bytes) runs first, in the child, on them."""
-        ahead = ahead if isinstance(source, bytes) else None
+        runs first, in the child, on the bytes (not on a path)."""
         read_end, write_end = os.pipe()
         try:
             with warnings.catch_warnings():  # (3.12+ warns of fork with threads: numpy's idle BLAS pool here)
@@ -102,44 +106,51 @@ class BackgroundCheck:
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 _die_with_parent()
-                if ahead is not None:
-                    try:
-                        found = ahead(source)
-                    except Exception:  # (the converter works it out itself)
-                        found = None
-                    _write_frame(write_end, found)
+                if ahead is not None and isinstance(source, bytes):
+                    with contextlib.suppress(Exception):  # (what it could not work out, the converter does)
+                        for found in ahead(source):
+                            _write_frame(write_end, found)
                 try:
                     check_input_model(source, str(path))
                     verdict = None
                 except AmpError as e:
                     verdict = str(e)
-                _write_frame(write_end, verdict)
+                _write_frame(write_end, (_VERDICT, verdict))
             finally:
                 os._exit(0)
         os.close(write_end)
-        return cls(pid, read_end, path, ahead is not None)
+        return cls(pid, read_end, path)
 
-    def ahead_result(self) -> object | None:
-        """What the child worked out ahead (waiting for it); None if it was
-        asked nothing, found nothing, failed, or was handed over before."""
-        if not self._ahead_pending or self._verdict is not False:
+    def ahead_result(self, name: str) -> object | None:
+        """What the child worked out ahead under ``name`` (waiting for it);
+        None if it has nothing under that name, or handed it over before."""
+        if self._verdict is not False:
             return None
-        self._ahead_pending = False
         try:
-            frame = _read_frame(self._read_end)
+            while name not in self._ahead and not self._ended:
+                self._read_next()
         except BaseException:
             self.cancel()
             raise
-        return None if frame is None else frame[0]
+        return self._ahead.pop(name, None)
+
+    def _read_next(self) -> None:
+        frame = _read_frame(self._read_end)
+        if frame is None:  # (the child died)
+            self._ended = True
+            return
+        name, value = frame
+        if name == _VERDICT:
+            self._said, self._ended = (value,), True
+        else:
+            self._ahead[name] = value
 
     def wait(self) -> None:
         """Block until the checker is done; raise its AmpError if the input fails it."""
         if self._verdict is False:
             try:
-                if self._ahead_pending:  # (never asked for: passed over)
-                    self._ahead_pending = False
-                    _read_frame(self._read_end)
-                frame = _read_frame(self._read_end)
+                while not self._ended:
+                    self._read_next()
                 try:
                     exited = os.WIFEXITED(os.waitpid(self._pid, 0)[1])
                 except ChildProcessError:  # (SIGCHLD ignored: the system reaped it; a whole verdict came through)
@@ -148,14 +159,15 @@ class BackgroundCheck:
                 self.cancel()
                 raise
             os.close(self._read_end)
-            if not (exited and frame is not None):  # the child died (out of memory?): check the file here
+            self._ahead.clear()
+            if not (exited and self._said is not None):  # the child died (out of memory?): check the file here
                 try:
                     check_input_model(str(self._path), str(self._path))
                     self._verdict = None
                 except AmpError as e:
                     self._verdict = e
             else:
-                self._verdict = None if frame[0] is None else AmpError(frame[0])
+                self._verdict = None if self._said[0] is None else AmpError(self._said[0])
         if self._verdict is not None:
             raise self._verdict
 
@@ -168,8 +180,10 @@ class BackgroundCheck:
             with contextlib.suppress(OSError):
                 os.close(self._read_end)
             self._verdict = None
+            self._ahead.clear()
 
 
+_VERDICT = "verdict"
 _FRAME_HEADER = struct.Struct("<Q")
 
 
@@ -180,19 +194,17 @@ def _write_frame(fd: int, value: object) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _read_frame(fd: int) -> tuple[object] | None:
-    """The next frame's value (in a 1-tuple: it may be None); None where
-    the child stopped before a whole frame."""
+def _read_frame(fd: int) -> tuple[str, object] | None:
+    """The next frame's (name, value); None where the child stopped before a whole frame."""
     header = _read_exactly(fd, _FRAME_HEADER.size)
-    if header is None:
-        return None
-    data = _read_exactly(fd, _FRAME_HEADER.unpack(header)[0])
+    data = None if header is None else _read_exactly(fd, _FRAME_HEADER.unpack(header)[0])
     if data is None:
         return None
     try:
-        return (pickle.loads(data),)
+        name, value = pickle.loads(data)
     except Exception:  # (a torn frame: as if the child had died)
         return None
+    return name, value
 
 
 def _read_exactly(fd: int, n: int) -> bytearray | None:
@@ -245,9 +257,9 @@ class LoadedModel:
             raise
         self.check.wait()
 
-    def ahead_result(self) -> object | None:
-        """What the checker child worked out ahead (see :func:`read_model`), or None."""
-        return self.check.ahead_result() if self.check is not None else None
+    def ahead_result(self, name: str) -> object | None:
+        """What the checker child worked out ahead under ``name`` (see :func:`read_model`), or None."""
+        return self.check.ahead_result(name) if self.check is not None else None
 
 
 def load_model(path: str | os.PathLike, *, lazy_external: bool = False) -> onnx.ModelProto:
@@ -263,14 +275,15 @@ def read_model(
     *,
     lazy_external: bool = False,
     background: bool = False,
-    ahead: Callable[[bytes], object] | None = None,
+    ahead: Callable[[bytes], Iterator[tuple[str, object]]] | None = None,
 ) -> LoadedModel:
     """:func:`load_model`, also naming the external data files it read from.
 
     ``background``: a large model is checked by a child process on another
     core; the caller must run its work in ``LoadedModel.checked()``.
     ``ahead``: what that child first works out from the model's bytes
-    (when they hold all of it), for ``LoadedModel.ahead_result()``."""
+    (when they hold all of it): (name, value) pairs, for
+    ``LoadedModel.ahead_result(name)``."""
     p = Path(path)
     data = _read(p)
     _remember_input(p)

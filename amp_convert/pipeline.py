@@ -16,6 +16,7 @@ from pathlib import Path
 
 import onnx
 
+from .ahead import fitting_facts
 from .calibrate import Calibration
 from .check import CHECK_MODES, check_converted
 from .cleanup import cast_triples, clean_up, count_casts, indexed_casts
@@ -27,7 +28,7 @@ from .opset import check_target_opset, upgrade_opset
 from .options import ConvertOptions
 from .plan import Plan, make_plan
 from .rewrite import Rewriter, RewriteStats
-from .safety import ConstantFacts, ConstantRanges
+from .safety import ConstantRanges
 from .schema import model_opsets
 from .typeinfo import infer_types
 
@@ -110,7 +111,7 @@ def convert(
     external_dir: str | os.PathLike | None = None,
     on_stage: Callable[[str], None] | None = None,
     keep: list | None = None,
-    constant_facts: Callable[[], list[ConstantFacts] | None] | None = None,
+    ahead: Callable[[str], object] | None = None,
     **option_values,
 ) -> ConversionResult:
     """Convert an fp32 model to mixed precision.
@@ -127,10 +128,9 @@ def convert(
     one at a time. ``keep``: a list the working indexes are appended to
     instead of being freed on return (a process about to end need not free
     them: see :func:`amp_convert.cli.command`); what is alive then is moved
-    out of the cyclic collector's reach (``gc.freeze``). ``constant_facts``:
-    gives the facts on the main graph's constants worked out ahead (see
-    :func:`amp_convert.safety.model_constant_facts`), or None; asked once,
-    when they are needed.
+    out of the cyclic collector's reach (``gc.freeze``). ``ahead``: gives
+    by name what was worked out ahead on this same model (see
+    :mod:`amp_convert.ahead`), or None; asked once for each, when needed.
     """
     if options is not None and option_values:
         raise TypeError("pass either options or keyword options, not both")
@@ -139,7 +139,7 @@ def convert(
     options = (options or ConvertOptions(**_tuples(option_values))).validated()
     base_dir = Path(external_dir) if external_dir is not None else None
     with _no_cyclic_gc():
-        result = _convert(model, options, check, calibration, in_place, base_dir, _Timer(on_stage), keep, constant_facts)
+        result = _convert(model, options, check, calibration, in_place, base_dir, _Timer(on_stage), keep, ahead)
         if keep is not None:  # (the kept indexes hold no cycles: the collector would walk them all, and soon)
             gc.freeze()
         return result
@@ -154,7 +154,7 @@ def _convert(
     base_dir: Path | None,
     timer: _Timer,
     keep: list | None,
-    constant_facts: Callable[[], list[ConstantFacts] | None] | None,
+    ahead: Callable[[str], object] | None,
 ) -> ConversionResult:
     work = model if in_place and isinstance(model, onnx.ModelProto) else load_input(model)
     timer.lap("load")
@@ -174,10 +174,9 @@ def _convert(
     timer.lap("types")
     if calibration is None and options.safety_on:
         notes.append("calibrated range rule inactive: no reference data")
-    ranges = ConstantRanges(clip=options.clip_initializers, base_dir=base_dir)
-    facts = constant_facts() if constant_facts is not None else None
-    if facts is not None and work is given and all(f.low == options.low.key for f in facts):
-        ranges.adopt(ctx.path, facts)
+    # (worked out on the model as given)
+    facts = None if ahead is None or work is not given else (lambda: fitting_facts(ahead("constants"), options.low))
+    ranges = ConstantRanges(clip=options.clip_initializers, base_dir=base_dir, ahead=facts)
     plan = make_plan(work, ctx, options, ranges, calibration)
     plan.notes[:0] = notes
     timer.lap("plan")

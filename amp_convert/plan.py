@@ -48,7 +48,7 @@ from .lists import (
     OpLists,
 )
 from .options import ConvertOptions
-from .safety import ConstantRanges, constant_values, data_range_problem
+from .safety import ConstantRanges, data_range_problem, graph_constant_facts
 from .schema import Signature, first_opset_admitting, is_default_domain, model_opsets, op_key, signature
 from .typeinfo import NOT_A_TENSOR
 
@@ -365,11 +365,6 @@ class Planner:
     # ---------------------------------------------------------------- driver
 
     def run(self, ctx: GraphContext) -> Plan:
-        if self.constants_rule:
-            for c in ctx.walk():
-                if not self.ranges.primed(c.path):  # (the input's checker child may have done the main graph)
-                    self.ranges.prime(c.path, c.initializers, self.low)
-                    self.ranges.prime(c.path, constant_values(c.nodes, c.ops), self.low)
         self._plan_graph(ctx)
         return self.plan
 
@@ -402,6 +397,8 @@ class Planner:
         kinds = self._kind_ids(ctx, floats, patterns) if reuse else [-1] * len(nodes)
         outcomes, follows = self._outcomes, self._follows
         rows, row_of_node = self._rows, entries.row_numbers
+        if self.constants_rule and not self.ranges.primed(ctx.path):  # (the input's checker child may have done it)
+            self.ranges.adopt(ctx.path, graph_constant_facts(ctx.initializers, ctx.nodes, ctx.ops, self.low))
         # Names whose constant values the safety rule must look at (the data-range rule looks at every node).
         suspects = self.ranges.suspects(ctx, self.low) if self.constants_rule and not self.calibration else None
         # Without tensors already in the low dtype, a node's float32 outputs are the ones given a state.

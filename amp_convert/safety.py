@@ -10,7 +10,7 @@ low precision.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from pathlib import Path
@@ -24,7 +24,7 @@ from .calibrate import Calibration
 from .dtypes import LowDtype
 from .errors import AmpError
 from .external import read_array
-from .graph import GraphContext, graph_initializers
+from .graph import GraphContext
 
 # Ops that pass a constant's values through unchanged (so a constant behind
 # them still reaches the consumer as it is).
@@ -217,14 +217,12 @@ def chunked_facts(
     return facts
 
 
-def model_constant_facts(data: bytes, low: LowDtype) -> list[ConstantFacts]:
-    """The facts :meth:`ConstantRanges.prime` gathers on the main graph of
-    the serialized model ``data`` (its initializers, then its Constant
-    values): worked out by the input's checker child while the converter
-    indexes the model (see :func:`amp_convert.load.read_model`)."""
-    graph = onnx.ModelProto.FromString(data).graph
-    nodes = graph.node
-    return chunked_facts(graph_initializers(graph), low) + chunked_facts(constant_values(nodes, [n.op_type for n in nodes]), low)
+def graph_constant_facts(
+    initializers: dict[str, onnx.TensorProto], nodes: Sequence[onnx.NodeProto], ops: Sequence[str], low: LowDtype
+) -> list[ConstantFacts]:
+    """The facts on a graph's small float32 constants: its initializers,
+    then its Constant values (``ops``: the nodes' op types)."""
+    return chunked_facts(initializers, low) + chunked_facts(constant_values(nodes, ops), low)
 
 
 def constant_values(nodes: Sequence[onnx.NodeProto], ops: Sequence[str]) -> dict[str, onnx.TensorProto]:
@@ -249,7 +247,9 @@ class ConstantRanges:
     range do not keep a node fp32: the rewrite clips and counts them.
     """
 
-    def __init__(self, clip: bool = False, base_dir: Path | None = None) -> None:
+    def __init__(
+        self, clip: bool = False, base_dir: Path | None = None, ahead: Callable[[], list[ConstantFacts] | None] | None = None
+    ) -> None:
         # (graph path, name) -> statistics: sibling subgraphs may each hold a constant of the same name
         self._stats: dict[tuple[str, str], ValueStats] = {}
         # graph path -> the facts gathered there, and each name's (facts, row) in them
@@ -261,6 +261,7 @@ class ConstantRanges:
         self._verdicts: dict[tuple[str, str], dict[str, str | None]] = {}
         self.clip = clip
         self.base_dir = base_dir
+        self._ahead = ahead  # gives the main graph's facts, worked out elsewhere (asked for once, when first needed)
 
     def stats(self, scope: str, name: str, tensor: onnx.TensorProto) -> ValueStats:
         """Statistics of constant ``name`` defined in the graph at path ``scope``."""
@@ -274,13 +275,23 @@ class ConstantRanges:
         not finite: those are left to :meth:`stats`)."""
         found = self._stats.get((scope, name))
         if found is None:
-            row = self._rows.get(scope, {}).get(name)
+            row = self._rows_of(scope).get(name)
             if row is not None and row[0].finite[row[1]]:
                 found = self._stats[scope, name] = row[0].stats(row[1])
         return found
 
     def primed(self, scope: str) -> bool:
+        """Whether the facts on the graph at path ``scope`` are gathered."""
+        self._rows_of(scope)
         return scope in self._facts
+
+    def _rows_of(self, scope: str) -> dict[str, tuple[ConstantFacts, int]]:
+        if scope == "" and self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            facts = ahead()
+            if facts is not None:
+                self.adopt("", facts)
+        return self._rows.get(scope, {})
 
     def adopt(self, scope: str, facts: list[ConstantFacts]) -> None:
         """Take facts gathered on the graph at path ``scope`` (here, or by the input's checker child)."""
@@ -289,22 +300,12 @@ class ConstantRanges:
         for f in facts:
             rows.update(zip(f.names, ((f, row) for row in range(len(f.names))), strict=True))
 
-    def prime(
-        self, scope: str, tensors: dict[str, onnx.TensorProto], low: LowDtype, most: int = 1 << 16, chunk: int = 1 << 22
-    ) -> None:
-        """Gather the facts (:func:`chunked_facts`) of ``tensors`` not known
-        yet in a few vectorised passes: graphs with tens of thousands of
-        weights would otherwise pay numpy's per-call overhead for each."""
-        rows = self._rows.get(scope, {})
-        fresh = {n: t for n, t in tensors.items() if n not in rows and (scope, n) not in self._stats}
-        self.adopt(scope, chunked_facts(fresh, low, most, chunk))
-
     def low_values(self, scope: str, name: str, low: LowDtype) -> tuple[bytes, int] | None:
         """Constant ``name``'s values in ``low`` as raw bytes, and how many
         non-zero values became zero, from the facts gathered; None where
         they do not hold them (a value to clip, a non-finite one, another
         dtype, not gathered)."""
-        row = self._rows.get(scope, {}).get(name)
+        row = self._rows_of(scope).get(name)
         if row is None:
             return None
         facts, k = row
@@ -370,6 +371,7 @@ class ConstantRanges:
             self._verdicts.setdefault(key, {})
             names = set(ctx.free_names)
             fine: set[str] = set()
+            self._rows_of(path)
             for facts in self._facts.get(path, ()):
                 fine |= facts.unremarkable(low)
             names.update(n for n in set(ctx.initializers).difference(fine) if not _unremarkable(stats.get((path, n)), low))

@@ -654,21 +654,21 @@ def _large_with_constants() -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-def test_constants_worked_out_by_the_checker_child_convert_as_in_process(tmp_path, dtype):
-    """The checker child first works out the facts on the main graph's
-    constants (statistics, values in the low dtype) for the planner and the
-    rewrite: the CLI's output and report must be those of the API, which
-    works them out itself."""
+def test_what_the_checker_child_works_out_ahead_converts_as_in_process(tmp_path, dtype):
+    """The checker child first gathers the facts on the main graph's
+    constants (statistics, values in the low dtype): the CLI, which takes
+    them, must write what the API writes gathering them itself, and report
+    the same."""
     from functools import partial
 
+    from amp_convert.ahead import work_ahead
     from amp_convert.dtypes import LOW_DTYPES
     from amp_convert.load import read_model
-    from amp_convert.safety import model_constant_facts
 
     path = _save(tmp_path, _large_with_constants())
-    loaded = read_model(path, lazy_external=True, background=True, ahead=partial(model_constant_facts, low=LOW_DTYPES[dtype]))
+    loaded = read_model(path, lazy_external=True, background=True, ahead=partial(work_ahead, low=LOW_DTYPES[dtype]))
     with loaded.checked():
-        facts = loaded.ahead_result()
+        facts = loaded.ahead_result("constants")
     assert facts and {n for f in facts for n in f.names} == {"w", "w2", "big", "shift"}  # (the path under test; pad is large)
     for clip in ([], ["--clip-initializers"]):
         out, report = tmp_path / f"out{len(clip)}.onnx", tmp_path / f"report{len(clip)}.json"
@@ -676,52 +676,68 @@ def test_constants_worked_out_by_the_checker_child_convert_as_in_process(tmp_pat
         assert proc.returncode == 0, proc.stderr
         expected = convert(str(path), level="O2", dtype=dtype, clip_initializers=bool(clip))
         assert onnx.load(str(out)) == expected.model
-        rewrite = json.loads(report.read_text())["conversion"]["rewrite"]
+        written = json.loads(report.read_text())
+        rewrite = written["conversion"]["rewrite"]
         assert rewrite["flushed"] == expected.stats.flushed and rewrite["clipped"] == expected.stats.clipped
         assert rewrite["flushed"] == ({"w": 1, "shift": 1} if dtype == "fp16" else {})
         assert rewrite["clipped"] == ({"big": 1} if clip and dtype == "fp16" else {})
+        assert written["plan"]["counts"] == expected.plan.counts()
 
 
-def test_facts_from_elsewhere_are_taken_only_when_they_fit():
-    """Facts worked out ahead for another low dtype, or that the child could
-    not work out, leave the conversion as it is without them."""
+def test_what_was_worked_out_elsewhere_is_taken_only_where_it_fits():
+    """Facts for another low dtype, something else, or nothing at all leave
+    the conversion as it is without them; facts that fit give the same
+    conversion, and are asked for once."""
+    from amp_convert.ahead import work_ahead
     from amp_convert.dtypes import BF16, FP16
-    from amp_convert.safety import model_constant_facts
 
-    model = _large_with_constants()
-    data = model.SerializeToString()
-    for dtype, facts in (("bf16", model_constant_facts(data, FP16)), ("fp16", None), ("fp16", model_constant_facts(data, FP16))):
-        expected = convert(model, level="O2", dtype=dtype)
-        given = convert(model, level="O2", dtype=dtype, constant_facts=lambda facts=facts: facts)
-        assert given.model == expected.model and given.stats == expected.stats
-    assert model_constant_facts(data, BF16)[0].low == "bf16"
+    built = _large_with_constants()
+    data = built.SerializeToString()
+    fp16 = dict(work_ahead(data, FP16))
+    for dtype, given in (("bf16", fp16), ("fp16", {}), ("fp16", fp16), ("fp16", {"constants": "x"})):
+        expected = convert(built, level="O2", dtype=dtype)
+        asked: list[str] = []
+
+        def ahead(name: str, given: dict = given, asked: list = asked) -> object:
+            asked.append(name)
+            return given.get(name)
+
+        result = convert(built, level="O2", dtype=dtype, ahead=ahead)
+        assert result.model == expected.model and result.stats == expected.stats and result.plan == expected.plan
+        assert asked == ["constants"]
+    assert dict(work_ahead(data, BF16))["constants"][0].low == "bf16"
 
 
 def test_the_checker_child_hands_over_what_it_works_out_ahead_then_its_verdict(tmp_path):
-    """Ahead work that fails is no answer (the converter works it out
-    itself); one never asked for is passed over by the verdict; either way
-    a bad input's verdict still comes."""
+    """Results come by name, each once; what the child failed to work out,
+    or was never asked for, is no answer and no hold-up; either way a bad
+    input's verdict still comes."""
     from amp_convert.load import BackgroundCheck
+
+    def failing(data: bytes):
+        yield "size", len(data)
+        raise ZeroDivisionError
 
     good = _save(tmp_path, _large([helper.make_node("Relu", ["x"], ["y"])]), "good.onnx")
     nodes, fragment = LARGE_BAD_INPUTS["undefined-tensor"]
     bad = _save(tmp_path, _large(nodes), "bad.onnx")
     for path, verdict in ((good, None), (bad, fragment)):
         data = path.read_bytes()
-        for ahead, expected in ((len, len(data)), (lambda d: 1 / 0, None), (lambda d: None, None)):
-            for asked in (True, False):
+        for ahead in (lambda d: iter([("size", len(d)), ("head", d[:4])]), failing):
+            for asked in ("head", "size", None):
                 check = BackgroundCheck.start(data, path, ahead)
-                if asked:
-                    assert check.ahead_result() == expected
-                    assert check.ahead_result() is None  # (handed over once)
+                if asked is not None:
+                    expected = {"size": len(data), "head": data[:4] if ahead is not failing else None}[asked]
+                    assert check.ahead_result(asked) == expected
+                    assert check.ahead_result(asked) is None  # (handed over once)
                 if verdict is None:
                     check.wait()
                 else:
                     with pytest.raises(AmpError, match=verdict):
                         check.wait()
-                assert check.ahead_result() is None
-    check = BackgroundCheck.start(str(good), good, len)  # (a path, not bytes: nothing is worked out ahead)
-    assert check.ahead_result() is None
+                assert check.ahead_result("size") is None
+    check = BackgroundCheck.start(str(good), good, lambda d: iter([("size", 1)]))  # (a path: nothing worked out ahead)
+    assert check.ahead_result("size") is None
     check.wait()
 
 

@@ -20,7 +20,7 @@ from amp_convert.calibrate import calibrate
 from amp_convert.dtypes import BF16, FP16
 from amp_convert.inputs import make_source
 from amp_convert.rewrite import RewriteStats, lower_small_tensors, lower_tensor
-from amp_convert.safety import ConstantRanges, segment_counts, value_stats
+from amp_convert.safety import ConstantRanges, chunked_facts, segment_counts, value_stats
 from amp_convert.validate import ValidationConfig
 from models.hostile import CULPRITS, HOSTILE
 from models.zoo_inputs import load_manifest
@@ -110,7 +110,7 @@ def test_batched_constant_statistics_match_the_per_tensor_ones():
     tensors = {name: init(name, a) for name, a in arrays.items()}
     for chunk in (1 << 22, 64):  # all in one pass; a pass every few tensors
         ranges = ConstantRanges()
-        ranges.prime("", tensors, FP16, most=256, chunk=chunk)
+        ranges.adopt("", chunked_facts(tensors, FP16, most=256, chunk=chunk))
         assert ranges.known("", "large") is None and ranges.known("", "inf") is None  # (left to stats())
         assert ranges.known("", "w3") == value_stats(arrays["w3"])
         for name, tensor in tensors.items():
@@ -135,16 +135,15 @@ def test_constants_converted_in_the_batched_pass_are_what_converting_each_gives(
     tensors["int"] = init("int", np.arange(4, dtype=np.int64))
     for chunk in (1 << 22, 50):
         ranges = ConstantRanges()
-        ranges.prime("g", tensors, low, most=256, chunk=chunk)
+        ranges.adopt("g", chunked_facts(tensors, low, most=256, chunk=chunk))
         for name, a in arrays.items():
-            expected = a.astype(low.numpy)
             found = ranges.low_values("g", name, low)
             if name in ("nan", "large") or (name == "big" and low is FP16):
                 assert found is None, name
                 continue
             alone = RewriteStats()
             lower_tensor(init(name, a), low, alone)
-            assert found == (expected.tobytes(), alone.flushed.get(name, 0)), name
+            assert found == (a.astype(low.numpy).tobytes(), alone.flushed.get(name, 0)), name
         assert ranges.low_values("g", "int", low) is None and ranges.low_values("other", "w1", low) is None
         other = BF16 if low is FP16 else FP16
         assert ranges.low_values("g", "w1", other) is None  # (converted to another dtype: not handed over)
