@@ -205,11 +205,15 @@ def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext |
     outputs = ctx.output_slots()  # (a later name wins, as it would in a loop over the nodes)
     ctx.producer = producer = dict(zip(outputs.names, outputs.node.tolist(), strict=True))
     # Only these default-domain ops carry graphs; other domains may (e.g. BeamSearch).
-    containers = [
-        i
-        for i, (op, domain) in enumerate(zip(ops, domains, strict=True))
-        if op in GRAPH_OPS or (domain not in ("", "ai.onnx") and len(nodes[i].attribute))
-    ]
+    containers = (
+        [
+            i
+            for i, (op, domain) in enumerate(zip(ops, domains, strict=True))
+            if op in GRAPH_OPS or (domain not in ("", "ai.onnx") and len(nodes[i].attribute))
+        ]
+        if not (GRAPH_OPS.isdisjoint(ops) and set(domains) <= {"", "ai.onnx"})  # (most graphs: none, found in C)
+        else []
+    )
     producer.pop("", None)
     _check_utf8(ctx, ops)
     labels: set[str] = set()

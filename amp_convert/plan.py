@@ -358,6 +358,8 @@ class Planner:
         self._kind_numbers: dict[tuple, int] = {}
         # kind number * 4 + states reaching a follow node (0 for others) -> the node's forward outcome
         self._outcomes: dict[int, tuple] = {}
+        # (decision row, element types its consumers need) -> its backward outcome (see _resolve_pending)
+        self._resolved: dict[tuple[int, frozenset[int]], tuple] = {}
         self._follows: dict[int, bool] = {}  # kind number -> whether its nodes follow their inputs
         self._float_slots: list = []
         self._rows: list[tuple] = []  # the decisions reused by kind (see GraphEntries)
@@ -459,7 +461,7 @@ class Planner:
                     self._lower_if_outputs(ctx, i, entry)
             self._record_output_states(ctx, i, entry.precision, entry.low_outputs, neutral=state in (NEUTRAL, _SOURCE))
         for i in reversed(pending):
-            self._resolve_from_consumers(ctx, i, entries[i])
+            self._resolve_pending(ctx, i, entries, suspects)
 
     def _kind_ids(self, ctx: GraphContext, floats: list[tuple], patterns: np.ndarray) -> list[int]:
         """Per node, the number of its kind (op, domain, float32 slots), the
@@ -679,15 +681,46 @@ class Planner:
             if self._is_float_data(t):
                 states[name] = _output_state(neutral, t != FLOAT or k in low_outputs)
 
-    def _resolve_from_consumers(self, ctx: GraphContext, i: int, entry: PlanEntry) -> None:
-        """Backward pass: neutral nodes and sources run low when all their
-        consumers do. One fp32 reader keeps them fp32 (the low readers share a
-        Cast): lowering would hand that reader rounded data, e.g. positions
-        above 2048 into a black-listed Sin."""
+    def _resolve_pending(self, ctx: GraphContext, i: int, entries: GraphEntries, suspects: frozenset[str] | None) -> None:
+        """:meth:`_resolve_from_consumers` for node ``i``. A node whose kind
+        decided it so far ends as the first of its kind whose consumers
+        needed the same types did (its decision row is reused, as in the
+        forward pass); the safety rules still look at its own inputs."""
+        wants = self._consumer_needs(ctx, i)
+        row = entries.row_numbers[i]
+        key = (row, frozenset(wants))
+        if row >= 0:
+            outcome = self._resolved.get(key)
+            if outcome is not None:
+                resolved, low_outputs, checked = outcome
+                suspect = checked and (suspects is None or not suspects.isdisjoint(ctx.ins[i]))
+                if not (suspect and self._safety_problem(ctx, i, self._rows[resolved][3])):
+                    entries.row_numbers[i] = resolved
+                    for k in low_outputs:
+                        self.states[ctx.outs[i][k]] = LOW
+                    return
+        entry = entries[i]
+        self._resolve_from_consumers(ctx, i, entry, wants)
+        if row >= 0 and entry.rule not in _NODE_RULES:
+            low = entry.precision is Precision.LOW
+            self._rows.append((entry.precision, entry.rule, entry.reason, entry.low_inputs, entry.low_outputs))
+            # (the safety rules looked at this node's own inputs where it went low and is not a source)
+            checked = low and self.safety and entry.rule != "source"
+            self._resolved[key] = (len(self._rows) - 1, entry.low_outputs if low else (), checked)
+
+    def _consumer_needs(self, ctx: GraphContext, i: int) -> set[int]:
+        """The element types the consumers of node ``i``'s float32 outputs need."""
         wants: set[int] = set()
         for name in ctx.outs[i]:
             if name and ctx.types.get(name) == FLOAT:
                 wants |= self.demand.requirements(ctx, name)
+        return wants
+
+    def _resolve_from_consumers(self, ctx: GraphContext, i: int, entry: PlanEntry, wants: set[int]) -> None:
+        """Backward pass: neutral nodes and sources run low when all their
+        consumers do (``wants``: the types they need). One fp32 reader keeps
+        them fp32 (the low readers share a Cast): lowering would hand that
+        reader rounded data, e.g. positions above 2048 into a black-listed Sin."""
         low = self.low.onnx_type
         if not wants:
             entry.reason = f"{entry.reason}; no consumer needs another type"

@@ -340,7 +340,9 @@ class Rewriter:
                 if need == changed.get(name, t) and (is_main or ctx.defines(name)):
                     continue  # the tensor itself has the type this input needs
                 vs = versions.get(name)
-                current = vs[need] if vs is not None and need in vs else self._version(ctx, name, need, top, after)
+                if vs is None and is_main:  # (its only version is itself, in the type it has now)
+                    vs = {changed.get(name, t): name}
+                current = vs[need] if vs is not None and need in vs else self._version(ctx, name, need, top, after, known=vs)
                 if current != name:
                     ctx.nodes[i].input[slot] = current
             if subgraphs:
@@ -477,11 +479,14 @@ class Rewriter:
             scope = scope.parent
         return None
 
-    def _version(self, ctx: GraphContext, name: str, need: int, top: list, after: dict, hoist: bool = True) -> str:
+    def _version(
+        self, ctx: GraphContext, name: str, need: int, top: list, after: dict, hoist: bool = True, known: dict | None = None
+    ) -> str:
         """Name of ``name``'s version in element type ``need``, creating the
         (shared) Cast the first time it is asked for. ``hoist=False`` keeps a
-        captured value's Cast in ``ctx`` (a body output must be made there)."""
-        vs = self._lookup(ctx, name)
+        captured value's Cast in ``ctx`` (a body output must be made there).
+        ``known``: its versions, when the caller has them at hand."""
+        vs = known if known is not None else self._lookup(ctx, name)
         if vs is None:
             vs = {ctx.type_of(name): name}
         if need in vs:
@@ -491,7 +496,7 @@ class Rewriter:
         cast = self._cast_node(source, target, need)
         # A value captured from an outer scope is cast there, once: not once
         # per branch, and not on every iteration of a Loop body.
-        home = ctx if ctx.defines(name) or not hoist else (ctx.scope_of(name) or ctx)
+        home = ctx if ctx.parent is None or not hoist or ctx.defines(name) else (ctx.scope_of(name) or ctx)
         if home is not ctx:
             top, after = self._placements[home.path]
         producer = home.producer.get(name)

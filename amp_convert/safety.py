@@ -305,7 +305,8 @@ class ConstantRanges:
         non-zero values became zero, from the facts gathered; None where
         they do not hold them (a value to clip, a non-finite one, another
         dtype, not gathered)."""
-        row = self._rows_of(scope).get(name)
+        rows = self._rows.get(scope)  # (each lowered constant asks: no call where the scope's rows are at hand)
+        row = (self._rows_of(scope) if rows is None else rows).get(name)
         if row is None:
             return None
         facts, k = row

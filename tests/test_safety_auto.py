@@ -150,6 +150,25 @@ def test_constants_converted_in_the_batched_pass_are_what_converting_each_gives(
     assert ranges.low_values("g", "tiny", low)[1] == (4 if low is FP16 else 1)
 
 
+def test_nodes_resolved_backwards_like_an_earlier_one_still_face_the_safety_rules():
+    """The backward pass hands a node fed only by constants and graph inputs
+    the decision of the first node of its kind whose consumers needed the
+    same types: each node's own constants are still checked."""
+    scales = {"a": [0.5, 2.0], "b": [1e6, 2.0], "c": [3.0, 0.25], "d": [1.5, 0.5]}
+    nodes, inits, outputs = [], [], []
+    for k, values in scales.items():
+        nodes.append(helper.make_node("Mul", ["x", f"s_{k}"], [f"m_{k}"], name=f"scale_{k}"))
+        nodes.append(helper.make_node("MatMul", [f"m_{k}", "w"], [f"y_{k}"], name=f"mm_{k}"))
+        inits.append(init(f"s_{k}", np.array(values, np.float32).reshape(2, 1)))
+        outputs.append(value(f"y_{k}"))
+    m = model(nodes, [value("x")], outputs, [*inits, init("w", np.eye(4, dtype=np.float32))])
+    plan = convert(m, level="O2").plan
+    decided = {k: (plan.by_name(f"scale_{k}").precision, plan.by_name(f"scale_{k}").rule) for k in scales}
+    assert decided["b"] == (Precision.FP32, "safety-initializer-range")
+    assert decided["a"] == decided["c"] == decided["d"] == (Precision.LOW, "follow")
+    assert plan.by_name("scale_c").reason == plan.by_name("scale_a").reason
+
+
 def test_segment_counts_count_each_segment_like_a_sum():
     rng = np.random.default_rng(1)
     marks = rng.random(1000) < 0.01
