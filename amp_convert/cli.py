@@ -21,13 +21,13 @@ from typing import Any
 import click
 
 from . import __version__
+from .emulate import EMULATE_MODES
 from .errors import AmpError, ConversionError
 from .external import PROTOBUF_LIMIT
 from .lists import LEVELS, PROFILES
 from .options import IO_TYPES, ConvertOptions
 from .report import build_report, html_report, terminal_table
 from .runner import PROVIDERS
-from .validate import EMULATE_MODES
 
 EXIT_OK, EXIT_TOLERANCE, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -666,17 +666,18 @@ def _conversion_options(kw: dict) -> ConvertOptions:
 def _calibration(reference, source, options: ConvertOptions, kw: dict, auto: bool, folder: Path):
     """fp32 value ranges for the calibrated safety rule: from --calibration,
     else from the validation inputs (one streaming pass)."""
-    from .calibrate import calibrate
-    from .inputs import make_source
-
     if not (auto or options.safety_on):
         return None
     if kw["calibration"]:
+        from .inputs import make_source
+
         source = make_source(
             reference, kw["calibration"], kw["input_shape"], kw["input_range"], kw["samples"], kw["seed"], flag="--calibration"
         )
     if source is None:
         return None
+    from .calibrate import calibrate
+
     return calibrate(reference, source, kw["provider"], base_dir=folder, emulate=kw["emulate"])
 
 

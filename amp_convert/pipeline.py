@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 
 from .ahead import fitting_facts
-from .calibrate import Calibration
 from .check import CHECK_MODES, check_converted
 from .cleanup import cast_triples, clean_up, count_casts, indexed_casts
 from .errors import ConversionError
@@ -31,6 +31,9 @@ from .rewrite import Rewriter, RewriteStats
 from .safety import ConstantRanges
 from .schema import model_opsets
 from .typeinfo import infer_types
+
+if TYPE_CHECKING:  # (calibration runs onnxruntime: its module is loaded where it is used)
+    from .calibrate import Calibration
 
 
 @dataclass

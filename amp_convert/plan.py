@@ -32,11 +32,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from itertools import repeat
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
-from .calibrate import Calibration
 from .dtypes import FLOAT, LowDtype
 from .graph import UNTYPED, GraphContext, SlotTable, cast_to, check_utf8, distinct_rows, label_of
 from .lists import (
@@ -51,6 +51,9 @@ from .options import ConvertOptions
 from .safety import ConstantRanges, data_range_problem, graph_constant_facts
 from .schema import Signature, first_opset_admitting, is_default_domain, model_opsets, op_key, signature
 from .typeinfo import NOT_A_TENSOR
+
+if TYPE_CHECKING:  # (calibration runs onnxruntime: its module is loaded where it is used)
+    from .calibrate import Calibration
 
 
 class Precision(str, Enum):

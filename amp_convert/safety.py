@@ -14,17 +14,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .calibrate import Calibration
 from .dtypes import LowDtype
 from .errors import AmpError
 from .external import read_array
 from .graph import GraphContext
+
+if TYPE_CHECKING:  # (calibration runs onnxruntime: its module is loaded where it is used)
+    from .calibrate import Calibration
 
 # Ops that pass a constant's values through unchanged (so a constant behind
 # them still reaches the consumer as it is).

@@ -52,6 +52,23 @@ def test_python_dash_m_runs_the_command_with_its_exit_codes(resnet, tmp_path):
     assert bad.stderr.count("\n") == 1 and "no such file" in bad.stderr
 
 
+def test_converting_without_validation_loads_nothing_of_validation(resnet, tmp_path):
+    """A conversion without validation (CI steps, large graphs) does not
+    start by importing onnxruntime or the validation modules: only the
+    options that need them load them."""
+    script = (
+        "import sys\n"
+        "from amp_convert.cli import main\n"
+        f"code = main([{str(resnet)!r}, '-o', {str(tmp_path / 'out.onnx')!r}, '--no-validate', '-q'])\n"
+        "heavy = ('onnxruntime', 'amp_convert.validate', 'amp_convert.calibrate', 'amp_convert.inputs', 'amp_convert.auto')\n"
+        "print(code, sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0", "[]"]
+    assert (tmp_path / "out.onnx").is_file()
+
+
 def test_the_command_under_a_profiler_ends_as_usual(tmp_path):
     """The command skips the interpreter's teardown, except where a profiler
     (or tracer) waits for it to save its data."""
