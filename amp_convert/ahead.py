@@ -3,10 +3,12 @@
 Without validation, a large input is checked by a forked child (see
 :class:`amp_convert.load.BackgroundCheck`). Before it checks, that child
 works out, from the model's bytes and on another core, what the converter
-would otherwise work out itself after indexing the model: the facts on the
-main graph's constants (their statistics and their values in the low
-dtype). The converter takes them by name when it needs them
-(``ahead("constants")``) and works out itself whatever does not come or
+would otherwise work out itself: the main graph's op types, domains and
+node names (which the converter reads while it reads the nodes' inputs and
+outputs), then the facts on its constants (their statistics and their
+values in the low dtype), needed once the model is indexed. The converter
+takes them by name when it needs them (``ahead("columns")``,
+``ahead("constants")``) and works out itself whatever does not come or
 does not fit.
 
 (The main graph's types were tried here too: the child, which must parse
@@ -20,15 +22,19 @@ from collections.abc import Iterator
 import onnx
 
 from .dtypes import LowDtype
-from .graph import graph_initializers
+from .graph import NodeColumns, graph_initializers
 from .safety import ConstantFacts, graph_constant_facts
 
 
 def work_ahead(data: bytes, low: LowDtype) -> Iterator[tuple[str, object]]:
-    """(name, result) pairs: the main graph's :class:`ConstantFacts` in ``low``."""
+    """(name, result) pairs, in the order the converter asks for them: the
+    main graph's :class:`NodeColumns`, then its :class:`ConstantFacts` in ``low``."""
     graph = onnx.ModelProto.FromString(data).graph
-    nodes = graph.node
-    yield "constants", graph_constant_facts(graph_initializers(graph), nodes, [node.op_type for node in nodes], low)
+    nodes = list(graph.node)
+    columns = NodeColumns.of(nodes)
+    yield "columns", columns
+    ops = columns.split(len(nodes))[0] if columns is not None and nodes else [node.op_type for node in nodes]
+    yield "constants", graph_constant_facts(graph_initializers(graph), nodes, ops, low)
 
 
 def fitting_facts(facts: object, low: LowDtype) -> list[ConstantFacts] | None:

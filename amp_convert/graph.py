@@ -7,7 +7,7 @@ keeps the converter linear in the number of nodes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 
@@ -51,6 +51,7 @@ class GraphContext:
     _output_slots: SlotTable | None = None
     _op_codes: tuple[np.ndarray, int] | None = None
     _input_types: np.ndarray | None = None
+    _names: list[str] | None = None
 
     def defines(self, name: str) -> bool:
         return name in self.producer or name in self.initializers or name in self.input_set
@@ -75,6 +76,13 @@ class GraphContext:
                 return 0
             ctx = ctx.parent
         return 0
+
+    def node_names(self) -> list[str]:
+        """Every node's name (read on first use: the planner is the one
+        stage that needs them all). Not checked for UTF-8 here."""
+        if self._names is None:
+            self._names = [node.name for node in self.nodes]
+        return self._names
 
     def input_slots(self) -> SlotTable:
         """Every node's input slots in one table (made on first use: the
@@ -133,6 +141,40 @@ class SlotTable:
     counts: np.ndarray  # slots per node
 
 
+@dataclass(frozen=True)
+class NodeColumns:
+    """A graph's op types, domains and node names, each column joined by
+    NUL: what the input's checker child reads for the converter (see
+    :mod:`amp_convert.ahead`); cheap to send, and splitting them is much
+    cheaper than reading the fields again."""
+
+    ops: str
+    domains: str
+    names: str
+
+    @classmethod
+    def of(cls, nodes: Iterable[onnx.NodeProto]) -> NodeColumns | None:
+        """None where a field is not UTF-8 (protobuf hands it back as bytes:
+        the converter reads it and refuses it itself)."""
+        nodes = list(nodes)
+        try:
+            return cls(*("\0".join(column) for column in _string_columns(nodes)))
+        except TypeError:
+            return None
+
+    def split(self, count: int) -> tuple[list[str], list[str], list[str]] | None:
+        """(ops, domains, names) of a graph of ``count`` nodes; None where
+        they are not (a NUL in a name, another graph)."""
+        if not count:
+            return None
+        columns = tuple(column.split("\0") for column in (self.ops, self.domains, self.names))
+        return columns if all(len(column) == count for column in columns) else None  # type: ignore[return-value]
+
+
+def _string_columns(nodes: list[onnx.NodeProto]) -> tuple[list[str], list[str], list[str]]:
+    return [node.op_type for node in nodes], [node.domain for node in nodes], [node.name for node in nodes]
+
+
 def slot_table(columns: list[list[str]]) -> SlotTable:
     names = list(chain.from_iterable(columns))
     counts = np.fromiter(map(len, columns), np.int64, len(columns))
@@ -187,8 +229,16 @@ def node_subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]
                 yield f"{attr.name}[{i}]", g
 
 
-def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext | None = None, owner: int = -1) -> GraphContext:
-    """Index ``graph`` and, recursively, its subgraphs."""
+def build_context(
+    graph: onnx.GraphProto,
+    path: str = "",
+    parent: GraphContext | None = None,
+    owner: int = -1,
+    columns: Callable[[], object] | None = None,
+) -> GraphContext:
+    """Index ``graph`` and, recursively, its subgraphs. ``columns``: gives
+    its nodes' op types, domains and names read elsewhere (:class:`NodeColumns`,
+    taken where they fit), asked for once their inputs and outputs are read."""
     ctx = GraphContext(graph=graph, path=path, parent=parent, owner=owner)
     ctx.nodes = list(graph.node)
     ctx.input_names = [v.name for v in graph.input]
@@ -199,8 +249,13 @@ def build_context(graph: onnx.GraphProto, path: str = "", parent: GraphContext |
     # Column by column: each protobuf field is read once, in one comprehension.
     ctx.ins = [node.input[:] for node in nodes]
     ctx.outs = [node.output[:] for node in nodes]
-    ctx.ops = ops = [node.op_type for node in nodes]
-    ctx.domains = domains = [node.domain for node in nodes]
+    found = columns() if columns is not None else None
+    given = found.split(len(nodes)) if isinstance(found, NodeColumns) else None
+    if given is not None:
+        ctx.ops, ctx.domains, ctx._names = given
+    else:
+        ctx.ops, ctx.domains = [node.op_type for node in nodes], [node.domain for node in nodes]
+    ops, domains = ctx.ops, ctx.domains
     ctx.consumers = consumers = _readers(ctx.input_slots())
     outputs = ctx.output_slots()  # (a later name wins, as it would in a loop over the nodes)
     ctx.producer = producer = dict(zip(outputs.names, outputs.node.tolist(), strict=True))

@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -169,7 +170,8 @@ def _convert(
     if note:
         notes.append(note + (f" ({options.low.name} Casts need it)" if target > (options.target_opset or 0) else ""))
         timer.lap("upgrade")
-    ctx = build_context(work.graph)
+    ahead = ahead if work is given else None  # (worked out on the model as given)
+    ctx = build_context(work.graph, columns=None if ahead is None else partial(ahead, "columns"))
     input_casts = indexed_casts(ctx)
     casts_before = len(input_casts) if work is given else count_casts(given)
     timer.lap("index")
@@ -177,8 +179,7 @@ def _convert(
     timer.lap("types")
     if calibration is None and options.safety_on:
         notes.append("calibrated range rule inactive: no reference data")
-    # (worked out on the model as given)
-    facts = None if ahead is None or work is not given else (lambda: fitting_facts(ahead("constants"), options.low))
+    facts = None if ahead is None else (lambda: fitting_facts(ahead("constants"), options.low))
     ranges = ConstantRanges(clip=options.clip_initializers, base_dir=base_dir, ahead=facts)
     plan = make_plan(work, ctx, options, ranges, calibration)
     plan.notes[:0] = notes

@@ -374,7 +374,7 @@ class Planner:
         return self.plan
 
     def _plan_graph(self, ctx: GraphContext) -> None:
-        names = [node.name for node in ctx.nodes]
+        names = ctx.node_names()
         check_utf8(names)
         entries = self.plan.entries[ctx.path] = GraphEntries(ctx.path, names, ctx.ops, ctx.domains, self._rows)
         is_main = ctx.parent is None

@@ -665,11 +665,14 @@ def test_what_the_checker_child_works_out_ahead_converts_as_in_process(tmp_path,
     from amp_convert.dtypes import LOW_DTYPES
     from amp_convert.load import read_model
 
-    path = _save(tmp_path, _large_with_constants())
+    built = _large_with_constants()
+    path = _save(tmp_path, built)
     loaded = read_model(path, lazy_external=True, background=True, ahead=partial(work_ahead, low=LOW_DTYPES[dtype]))
     with loaded.checked():
-        facts = loaded.ahead_result("constants")
+        columns, facts = loaded.ahead_result("columns"), loaded.ahead_result("constants")
     assert facts and {n for f in facts for n in f.names} == {"w", "w2", "big", "shift"}  # (the path under test; pad is large)
+    nodes = built.graph.node
+    assert columns.split(len(nodes)) == ([n.op_type for n in nodes], [n.domain for n in nodes], [n.name for n in nodes])
     for clip in ([], ["--clip-initializers"]):
         out, report = tmp_path / f"out{len(clip)}.onnx", tmp_path / f"report{len(clip)}.json"
         proc = cli(path, "-o", out, "--no-validate", "--dtype", dtype, "--report", report, *clip)
@@ -686,15 +689,20 @@ def test_what_the_checker_child_works_out_ahead_converts_as_in_process(tmp_path,
 
 def test_what_was_worked_out_elsewhere_is_taken_only_where_it_fits():
     """Facts for another low dtype, something else, or nothing at all leave
-    the conversion as it is without them; facts that fit give the same
-    conversion, and are asked for once."""
+    the conversion as it is without them; columns and facts that fit give
+    the same conversion, and are asked for once."""
     from amp_convert.ahead import work_ahead
     from amp_convert.dtypes import BF16, FP16
 
     built = _large_with_constants()
     data = built.SerializeToString()
     fp16 = dict(work_ahead(data, FP16))
-    for dtype, given in (("bf16", fp16), ("fp16", {}), ("fp16", fp16), ("fp16", {"constants": "x"})):
+    for dtype, given in (
+        ("bf16", fp16),
+        ("fp16", {}),
+        ("fp16", fp16),
+        ("fp16", {"columns": fp16["constants"], "constants": "x"}),
+    ):
         expected = convert(built, level="O2", dtype=dtype)
         asked: list[str] = []
 
@@ -704,8 +712,45 @@ def test_what_was_worked_out_elsewhere_is_taken_only_where_it_fits():
 
         result = convert(built, level="O2", dtype=dtype, ahead=ahead)
         assert result.model == expected.model and result.stats == expected.stats and result.plan == expected.plan
-        assert asked == ["constants"]
+        assert asked == ["columns", "constants"]  # (each once, in the order the child works them out)
     assert dict(work_ahead(data, BF16))["constants"][0].low == "bf16"
+
+
+def test_node_columns_read_elsewhere_are_taken_only_where_they_fit():
+    """Op types, domains and names read by the child are the nodes' own; a
+    NUL in a name, columns of another graph or anything else, and a name
+    that is not UTF-8 (protobuf hands it back as bytes) leave the index to
+    read them itself."""
+    from amp_convert.graph import NodeColumns, build_context
+
+    built = _large_with_constants()
+    nodes = list(built.graph.node)
+    read = ([n.op_type for n in nodes], [n.domain for n in nodes], [n.name for n in nodes])
+    other = _model([helper.make_node("Relu", ["x"], ["y"], name="r")])
+    nul = onnx.ModelProto()
+    nul.CopyFrom(built)
+    nul.graph.node[1].name = "c\0d"
+    for given, taken in (
+        (NodeColumns.of(nodes), True),
+        (NodeColumns.of(nul.graph.node), False),
+        (NodeColumns.of(other.graph.node), False),
+        ("columns", False),
+        (None, False),
+    ):
+        ctx = build_context(built.graph, columns=lambda given=given: given)
+        assert (ctx._names is not None) == taken  # (names split from the columns, not read)
+        assert (ctx.ops, ctx.domains, ctx.node_names()) == read
+    data = _model([helper.make_node("Relu", ["x"], ["y"], name="NODE")]).SerializeToString()
+    assert NodeColumns.of(onnx.ModelProto.FromString(data.replace(b"NODE", b"N\xff\xfeE")).graph.node) is None
+
+
+def test_large_input_with_a_name_that_is_not_utf8_is_refused_beside_the_conversion(tmp_path):
+    """The child cannot read such a name ahead: the converter reads it and refuses it."""
+    data = _large([helper.make_node("Relu", ["x"], ["y"], name="NODE")]).SerializeToString()
+    path = _write(tmp_path, data.replace(b"NODE", b"N\xff\xfeE"))
+    out = tmp_path / "out.onnx"
+    before = snapshot(tmp_path)
+    assert_refused(cli(path, "-o", out, "--no-validate"), "not valid UTF-8", before, tmp_path)
 
 
 def test_the_checker_child_hands_over_what_it_works_out_ahead_then_its_verdict(tmp_path):
