@@ -392,7 +392,7 @@ class Planner:
         self._float_slots = floats
         pending: list[int] = []  # neutral follow nodes and sources, resolved backwards
         subgraphs = ctx.subgraphs
-        nodes, ops, domains, ins = ctx.nodes, ctx.ops, ctx.domains, ctx.ins
+        nodes, ops, domains, ins, all_outs = ctx.nodes, ctx.ops, ctx.domains, ctx.ins, ctx.outs
         # Without node-name rules or QDQ context, a node's whole forward
         # outcome depends only on its kind and on which states reach it: it
         # is worked out once per such pair (by the rules below the fast path)
@@ -417,7 +417,8 @@ class Planner:
                     if ops[i] in DTYPE_AGNOSTIC_INPUTS:
                         seen = self._seen_states(ctx, i)
                     else:
-                        seen = _seen_bits(set(map(states_get, ins[i])))
+                        reaching = set(map(states_get, ins[i]))  # (_seen_bits, inline)
+                        seen = (_SEEN_LOW if LOW in reaching else 0) | (_SEEN_F32 if F32 in reaching else 0)
                 outcome = outcomes.get(kind * 4 + seen)
                 if outcome is not None:
                     row, low_inputs, state, checked, out_states = outcome
@@ -433,7 +434,7 @@ class Planner:
                         if low_typed:
                             self._record_output_states(ctx, i, rows[row][0], rows[row][4], neutral)
                         else:
-                            outs = ctx.outs[i]
+                            outs = all_outs[i]
                             for k, out_state in out_states:
                                 states[outs[k]] = out_state
                         continue

@@ -54,14 +54,22 @@ def infer_types(
             types[value.name] = t
     for name, tensor in ctx.initializers.items():
         types[name] = tensor.data_type
-    subgraphs = ctx.subgraphs
+    subgraphs, all_ins, known = ctx.subgraphs, ctx.ins, types.get
     single = _single_output_rules(ctx, opsets, rules)
     for i, outs in enumerate(ctx.outs):
         rule = single[i]
-        if rule is not None:  # (the common node, inline: one default-domain output, typed by the schema)
+        if rule is not None:  # (the common node, inline: one default-domain output, typed by the schema; see _by_rule)
             name = outs[0]
             if name and name not in types:
-                t = _by_rule(ctx, ctx.ins[i], rule)
+                slots, t = rule
+                ins = all_ins[i]
+                for slot in slots:
+                    source = ins[slot]
+                    if source:
+                        found = known(source) or ctx.type_of(source)
+                        if found:
+                            t = found
+                            break
                 if t:
                     types[name] = t
             continue
