@@ -33,7 +33,8 @@ def work_ahead(data: bytes, low: LowDtype) -> Iterator[tuple[str, object]]:
     nodes = list(graph.node)
     columns = NodeColumns.of(nodes)
     yield "columns", columns
-    ops = columns.split(len(nodes))[0] if columns is not None and nodes else [node.op_type for node in nodes]
+    split = columns.split(len(nodes)) if columns is not None else None
+    ops = split[0] if split is not None else [node.op_type for node in nodes]
     yield "constants", graph_constant_facts(graph_initializers(graph), nodes, ops, low)
 
 

@@ -72,15 +72,18 @@ class BackgroundCheck:
     for the converter (``ahead``: see :mod:`amp_convert.ahead`), which
     :meth:`ahead_result` hands over by name. The child writes frames (an
     8-byte length, then a pickled (name, value) pair): what it worked out,
-    then its verdict.
+    a frame saying it is done with that (also when it failed), then its
+    verdict. The caller should ask for every result promptly: a large
+    frame not read holds the child, and its check, back.
 
     Used where nothing but the converter's own Python code touches the model
     before the verdict: no onnxruntime session, nothing written."""
 
-    def __init__(self, pid: int, read_end: int, path: Path) -> None:
+    def __init__(self, pid: int, read_end: int, path: Path, ahead: bool = False) -> None:
         self._pid, self._read_end, self._path = pid, read_end, path
         self._verdict: AmpError | bool | None = False  # False: not yet known
         self._ahead: dict[str, object] = {}  # read, not yet handed over
+        self._ahead_done = not ahead  # (no more ahead frames will come)
         self._said: tuple[str | None] | None = None  # the verdict frame's value, once read
         self._ended = False  # the verdict frame, or the end of the pipe, was read
 
@@ -91,6 +94,7 @@ class BackgroundCheck:
         """Check ``source`` (the file's bytes, or its path) in a child; None
         when no child can be made (the caller checks it itself). ``ahead``
         runs first, in the child, on the bytes (not on a path)."""
+        ahead = ahead if isinstance(source, bytes) else None
         read_end, write_end = os.pipe()
         try:
             with warnings.catch_warnings():  # (3.12+ warns of fork with threads: numpy's idle BLAS pool here)
@@ -106,10 +110,11 @@ class BackgroundCheck:
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 _die_with_parent()
-                if ahead is not None and isinstance(source, bytes):
+                if ahead is not None:
                     with contextlib.suppress(Exception):  # (what it could not work out, the converter does)
                         for found in ahead(source):
                             _write_frame(write_end, found)
+                    _write_frame(write_end, (_AHEAD_DONE, None))
                 try:
                     check_input_model(source, str(path))
                     verdict = None
@@ -119,7 +124,7 @@ class BackgroundCheck:
             finally:
                 os._exit(0)
         os.close(write_end)
-        return cls(pid, read_end, path)
+        return cls(pid, read_end, path, ahead is not None)
 
     def ahead_result(self, name: str) -> object | None:
         """What the child worked out ahead under ``name`` (waiting for it);
@@ -127,8 +132,10 @@ class BackgroundCheck:
         if self._verdict is not False:
             return None
         try:
-            while name not in self._ahead and not self._ended:
+            while name not in self._ahead and not (self._ahead_done or self._ended):
                 self._read_next()
+        except Exception:  # (a frame that could not be read: the file is checked here instead, see wait)
+            self._ended = True
         except BaseException:
             self.cancel()
             raise
@@ -136,12 +143,14 @@ class BackgroundCheck:
 
     def _read_next(self) -> None:
         frame = _read_frame(self._read_end)
-        if frame is None:  # (the child died)
+        if frame is None:  # (the child died, or wrote what cannot be read)
             self._ended = True
             return
         name, value = frame
         if name == _VERDICT:
             self._said, self._ended = (value,), True
+        elif name == _AHEAD_DONE:
+            self._ahead_done = True
         else:
             self._ahead[name] = value
 
@@ -151,6 +160,9 @@ class BackgroundCheck:
             try:
                 while not self._ended:
                     self._read_next()
+                if self._said is None:  # (no verdict will come: stop a child that may be stuck writing)
+                    with contextlib.suppress(OSError):
+                        os.kill(self._pid, signal.SIGKILL)
                 try:
                     exited = os.WIFEXITED(os.waitpid(self._pid, 0)[1])
                 except ChildProcessError:  # (SIGCHLD ignored: the system reaped it; a whole verdict came through)
@@ -183,15 +195,17 @@ class BackgroundCheck:
             self._ahead.clear()
 
 
-_VERDICT = "verdict"
+# The frames' names for the end of the ahead results and for the verdict (no result is named so).
+_AHEAD_DONE, _VERDICT = "\0ahead-done", "\0verdict"
 _FRAME_HEADER = struct.Struct("<Q")
 
 
 def _write_frame(fd: int, value: object) -> None:
     data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    view = memoryview(_FRAME_HEADER.pack(len(data)) + data)
-    while view:
-        view = view[os.write(fd, view) :]
+    for part in (_FRAME_HEADER.pack(len(data)), data):  # (the pickle, which may be large, is not copied again)
+        view = memoryview(part)
+        while view:
+            view = view[os.write(fd, view) :]
 
 
 def _read_frame(fd: int) -> tuple[str, object] | None:

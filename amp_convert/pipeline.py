@@ -170,7 +170,9 @@ def _convert(
     if note:
         notes.append(note + (f" ({options.low.name} Casts need it)" if target > (options.target_opset or 0) else ""))
         timer.lap("upgrade")
-    ahead = ahead if work is given else None  # (worked out on the model as given)
+    if ahead is not None and work is not given:  # (worked out on the model as given: taken, and left)
+        ahead("columns"), ahead("constants")
+        ahead = None
     ctx = build_context(work.graph, columns=None if ahead is None else partial(ahead, "columns"))
     input_casts = indexed_casts(ctx)
     casts_before = len(input_casts) if work is given else count_casts(given)
@@ -179,8 +181,10 @@ def _convert(
     timer.lap("types")
     if calibration is None and options.safety_on:
         notes.append("calibrated range rule inactive: no reference data")
-    facts = None if ahead is None else (lambda: fitting_facts(ahead("constants"), options.low))
-    ranges = ConstantRanges(clip=options.clip_initializers, base_dir=base_dir, ahead=facts)
+    ranges = ConstantRanges(clip=options.clip_initializers, base_dir=base_dir)
+    facts = fitting_facts(ahead("constants"), options.low) if ahead is not None else None
+    if facts is not None:
+        ranges.adopt(ctx.path, facts)
     plan = make_plan(work, ctx, options, ranges, calibration)
     plan.notes[:0] = notes
     timer.lap("plan")

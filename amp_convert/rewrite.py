@@ -32,7 +32,7 @@ from .external import is_external, read_array, retype_external
 from .graph import UNTYPED, GraphContext, NameGenerator
 from .lists import DTYPE_AGNOSTIC_INPUTS, DTYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
 from .plan import Demand, Plan, Precision
-from .safety import ConstantRanges, ValueStats, raw_float32, segment_counts, small_raw, value_stats
+from .safety import ConstantRanges, ValueStats, graph_constant_facts, raw_float32, segment_counts, small_raw, value_stats
 from .schema import is_default_domain
 
 
@@ -298,6 +298,8 @@ class Rewriter:
         precision, low_ins, low_outs = self.plan.entries[ctx.path].columns()
         reads = _slot_reads(ctx, low_ins)
         floats = [name for name in ctx.initializers if types.get(name) == FLOAT]  # (its data type, without reading the proto)
+        if self.ranges is not None and not self.ranges.primed(ctx.path):  # (the planner's safety rule was off)
+            self.ranges.adopt(ctx.path, graph_constant_facts(ctx.initializers, ctx.nodes, ctx.ops, self.low))
         for name, (read_low, read_f32) in zip(floats, self._initializer_reads(ctx, floats, reads), strict=True):
             tensor = ctx.initializers[name]
             if read_low is None:  # (the arrays cannot say: its readers are asked one by one)
@@ -376,6 +378,8 @@ class Rewriter:
         # Before the nodes are re-listed: re-listing copies them, and these
         # tensors belong to the nodes (and subgraphs) being copied.
         self._lower_constants_batch()
+        if self.ranges is not None:
+            self.ranges.drop_values(ctx.path)
         if top or after:
             _place(ctx, top, after)
             self.stats.casts_inserted += len(top) + sum(len(v) for v in after.values())

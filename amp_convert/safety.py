@@ -10,7 +10,7 @@ low precision.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress
 from pathlib import Path
@@ -132,7 +132,7 @@ class ConstantFacts:
     a row per constant: their statistics, and their values already in the
     low dtype for the rewrite. Worked out by :func:`constant_facts`, in the
     converter or, ahead of it, in the child that checks the input (see
-    :func:`model_constant_facts`): plain lists and bytes, cheap to send."""
+    :mod:`amp_convert.ahead`): plain lists and bytes, cheap to send."""
 
     low: str  # the key of the low dtype of ``low_data``
     names: list[str]
@@ -249,9 +249,7 @@ class ConstantRanges:
     range do not keep a node fp32: the rewrite clips and counts them.
     """
 
-    def __init__(
-        self, clip: bool = False, base_dir: Path | None = None, ahead: Callable[[], list[ConstantFacts] | None] | None = None
-    ) -> None:
+    def __init__(self, clip: bool = False, base_dir: Path | None = None) -> None:
         # (graph path, name) -> statistics: sibling subgraphs may each hold a constant of the same name
         self._stats: dict[tuple[str, str], ValueStats] = {}
         # graph path -> the facts gathered there, and each name's (facts, row) in them
@@ -263,7 +261,6 @@ class ConstantRanges:
         self._verdicts: dict[tuple[str, str], dict[str, str | None]] = {}
         self.clip = clip
         self.base_dir = base_dir
-        self._ahead = ahead  # gives the main graph's facts, worked out elsewhere (asked for once, when first needed)
 
     def stats(self, scope: str, name: str, tensor: onnx.TensorProto) -> ValueStats:
         """Statistics of constant ``name`` defined in the graph at path ``scope``."""
@@ -277,23 +274,14 @@ class ConstantRanges:
         not finite: those are left to :meth:`stats`)."""
         found = self._stats.get((scope, name))
         if found is None:
-            row = self._rows_of(scope).get(name)
+            row = self._rows.get(scope, {}).get(name)
             if row is not None and row[0].finite[row[1]]:
                 found = self._stats[scope, name] = row[0].stats(row[1])
         return found
 
     def primed(self, scope: str) -> bool:
         """Whether the facts on the graph at path ``scope`` are gathered."""
-        self._rows_of(scope)
         return scope in self._facts
-
-    def _rows_of(self, scope: str) -> dict[str, tuple[ConstantFacts, int]]:
-        if scope == "" and self._ahead is not None:
-            ahead, self._ahead = self._ahead, None
-            facts = ahead()
-            if facts is not None:
-                self.adopt("", facts)
-        return self._rows.get(scope, {})
 
     def adopt(self, scope: str, facts: list[ConstantFacts]) -> None:
         """Take facts gathered on the graph at path ``scope`` (here, or by the input's checker child)."""
@@ -302,13 +290,18 @@ class ConstantRanges:
         for f in facts:
             rows.update(zip(f.names, ((f, row) for row in range(len(f.names))), strict=True))
 
+    def drop_values(self, scope: str) -> None:
+        """Let go of the converted values gathered on the graph at ``scope`` (its rewrite is done)."""
+        for facts in self._facts.get(scope, ()):
+            facts.low_data = b""
+        self._rows.pop(scope, None)
+
     def low_values(self, scope: str, name: str, low: LowDtype) -> tuple[bytes, int] | None:
         """Constant ``name``'s values in ``low`` as raw bytes, and how many
         non-zero values became zero, from the facts gathered; None where
         they do not hold them (a value to clip, a non-finite one, another
         dtype, not gathered)."""
-        rows = self._rows.get(scope)  # (each lowered constant asks: no call where the scope's rows are at hand)
-        row = (self._rows_of(scope) if rows is None else rows).get(name)
+        row = self._rows.get(scope, {}).get(name)
         if row is None:
             return None
         facts, k = row
@@ -374,7 +367,6 @@ class ConstantRanges:
             self._verdicts.setdefault(key, {})
             names = set(ctx.free_names)
             fine: set[str] = set()
-            self._rows_of(path)
             for facts in self._facts.get(path, ()):
                 fine |= facts.unremarkable(low)
             names.update(n for n in set(ctx.initializers).difference(fine) if not _unremarkable(stats.get((path, n)), low))

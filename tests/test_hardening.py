@@ -697,20 +697,24 @@ def test_what_was_worked_out_elsewhere_is_taken_only_where_it_fits():
     built = _large_with_constants()
     data = built.SerializeToString()
     fp16 = dict(work_ahead(data, FP16))
-    for dtype, given in (
-        ("bf16", fp16),
-        ("fp16", {}),
-        ("fp16", fp16),
-        ("fp16", {"columns": fp16["constants"], "constants": "x"}),
+    old_opset = onnx.ModelProto()
+    old_opset.CopyFrom(built)
+    old_opset.opset_import[0].version = 11  # (bf16 Casts need 13: the model is upgraded, and is not the one worked on)
+    for model, dtype, given in (
+        (built, "bf16", fp16),
+        (built, "fp16", {}),
+        (built, "fp16", fp16),
+        (built, "fp16", {"columns": fp16["constants"], "constants": "x"}),
+        (old_opset, "bf16", dict(work_ahead(old_opset.SerializeToString(), BF16))),
     ):
-        expected = convert(built, level="O2", dtype=dtype)
+        expected = convert(model, level="O2", dtype=dtype)
         asked: list[str] = []
 
         def ahead(name: str, given: dict = given, asked: list = asked) -> object:
             asked.append(name)
             return given.get(name)
 
-        result = convert(built, level="O2", dtype=dtype, ahead=ahead)
+        result = convert(model, level="O2", dtype=dtype, ahead=ahead)
         assert result.model == expected.model and result.stats == expected.stats and result.plan == expected.plan
         assert asked == ["columns", "constants"]  # (each once, in the order the child works them out)
     assert dict(work_ahead(data, BF16))["constants"][0].low == "bf16"
@@ -742,6 +746,73 @@ def test_node_columns_read_elsewhere_are_taken_only_where_they_fit():
         assert (ctx.ops, ctx.domains, ctx.node_names()) == read
     data = _model([helper.make_node("Relu", ["x"], ["y"], name="NODE")]).SerializeToString()
     assert NodeColumns.of(onnx.ModelProto.FromString(data.replace(b"NODE", b"N\xff\xfeE")).graph.node) is None
+
+
+def test_the_checker_child_never_holds_the_converter_back_for_what_it_cannot_work_out(tmp_path):
+    """A model whose data the child reads from a path is not worked out
+    ahead: asking for a result answers at once, without reading on to the
+    verdict. A NUL in a node name leaves the columns out, not the facts; a
+    frame that cannot be read ends in the file being checked here, not in
+    a wait on a child stuck writing (run in a process of its own, so that a
+    hang fails the test)."""
+    from amp_convert.ahead import work_ahead
+    from amp_convert.dtypes import FP16
+    from amp_convert.load import BackgroundCheck
+
+    good = _save(tmp_path, _large([helper.make_node("Relu", ["x"], ["y"])]), "good.onnx")
+    check = BackgroundCheck.start(str(good), good, work_ahead)
+    assert check.ahead_result("columns") is None and not check._ended  # (the verdict is still to be read)
+    check.wait()
+    named = _large_with_constants()
+    named.graph.node[0].name = "m\0m"
+    found = dict(work_ahead(named.SerializeToString(), FP16))
+    assert found["columns"] is not None and found["columns"].split(len(named.graph.node)) is None
+    assert {n for f in found["constants"] for n in f.names} == {"w", "w2", "big", "shift"}
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from pathlib import Path
+        from amp_convert.load import BackgroundCheck
+        class Torn:
+            def __reduce__(self):
+                return (int, ("not a number",))  # (unpickling it raises)
+        def ahead(data):
+            yield "torn", Torn()
+            yield "large", bytes(1 << 22)  # (more than a pipe holds: the child blocks writing it)
+        path = Path({str(good)!r})
+        check = BackgroundCheck.start(path.read_bytes(), path, ahead)
+        print(check.ahead_result("torn"), check.ahead_result("large"))
+        check.wait()
+        print("checked")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["None", "None", "checked"]
+
+
+def test_lowering_reports_constants_in_the_same_order_with_or_without_the_child(tmp_path):
+    """With the initializer range rule off the planner gathers no constant
+    facts: the rewrite gathers them, so that the report's flushed counts
+    come in one order whether the checker child worked them out or not."""
+    rng = np.random.default_rng(7)
+    small, large = rng.standard_normal((4, 4)).astype(np.float32), rng.standard_normal((4, 70000)).astype(np.float32)
+    small[0, 0] = large[0, 0] = 1e-9
+    nodes = [
+        helper.make_node("MatMul", ["x", "s"], ["h"], name="mm"),
+        helper.make_node("MatMul", ["h", "l"], ["y"], name="mm_large"),
+    ]
+    built = _large(nodes)
+    built.graph.initializer.extend([numpy_helper.from_array(small, "s"), numpy_helper.from_array(large, "l")])
+    built.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 70000
+    path = _save(tmp_path, built)
+    out, report = tmp_path / "out.onnx", tmp_path / "report.json"
+    proc = cli(path, "-o", out, "--no-validate", "--no-initializer-range", "--report", report)
+    assert proc.returncode == 0, proc.stderr
+    expected = convert(str(path), level="O2", initializer_range=False)
+    flushed = json.loads(report.read_text())["conversion"]["rewrite"]["flushed"]
+    assert list(flushed.items()) == list(expected.stats.flushed.items()) == [("s", 1), ("l", 1)]
+    assert onnx.load(str(out)) == expected.model
 
 
 def test_large_input_with_a_name_that_is_not_utf8_is_refused_beside_the_conversion(tmp_path):
