@@ -291,10 +291,10 @@ class ConstantRanges:
             rows.update(zip(f.names, ((f, row) for row in range(len(f.names))), strict=True))
 
     def drop_values(self, scope: str) -> None:
-        """Let go of the converted values gathered on the graph at ``scope`` (its rewrite is done)."""
+        """Let go of the converted values gathered on the graph at ``scope``
+        (its rewrite is done); their statistics stay."""
         for facts in self._facts.get(scope, ()):
             facts.low_data = b""
-        self._rows.pop(scope, None)
 
     def low_values(self, scope: str, name: str, low: LowDtype) -> tuple[bytes, int] | None:
         """Constant ``name``'s values in ``low`` as raw bytes, and how many
@@ -305,8 +305,8 @@ class ConstantRanges:
         if row is None:
             return None
         facts, k = row
-        if facts.low != low.key or not facts.finite[k] or facts.abs_max[k] > low.max:
-            return None
+        if facts.low != low.key or not facts.finite[k] or facts.abs_max[k] > low.max or not facts.low_data:
+            return None  # (not facts.low_data: dropped; a row holds at least one value)
         return facts.low_data[facts.ends[k - 1] if k else 0 : facts.ends[k]], facts.flushed.get(k, 0)
 
     def constant_behind(self, ctx: GraphContext, name: str) -> tuple[str, str, onnx.TensorProto] | None:

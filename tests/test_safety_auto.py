@@ -148,6 +148,8 @@ def test_constants_converted_in_the_batched_pass_are_what_converting_each_gives(
         other = BF16 if low is FP16 else FP16
         assert ranges.low_values("g", "w1", other) is None  # (converted to another dtype: not handed over)
     assert ranges.low_values("g", "tiny", low)[1] == (4 if low is FP16 else 1)
+    ranges.drop_values("g")  # (once the graph is rewritten: the values go, the statistics stay)
+    assert ranges.low_values("g", "w1", low) is None and ranges.known("g", "w1") == value_stats(arrays["w1"])
 
 
 def test_nodes_resolved_backwards_like_an_earlier_one_still_face_the_safety_rules():
