@@ -508,7 +508,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         raise AmpError("--level auto measures accuracy: it cannot run with --no-validate")
     # Without validation nothing runs the input before it is converted: the
     # checker runs beside the conversion, in a child process.
-    # (which, first, works out on another core what the converter needs right after indexing the model)
+    # (which first works out, on another core, what the converter would otherwise read and gather itself)
     loaded = read_model(
         model,
         lazy_external=True,
