@@ -25,10 +25,13 @@ from .dtypes import LowDtype
 from .graph import NodeColumns, graph_initializers
 from .safety import ConstantFacts, graph_constant_facts
 
+# What work_ahead gives, in the order it gives them (and the converter asks for them).
+RESULTS = ("columns", "constants")
+
 
 def work_ahead(data: bytes, low: LowDtype) -> Iterator[tuple[str, object]]:
-    """(name, result) pairs, in the order the converter asks for them: the
-    main graph's :class:`NodeColumns`, then its :class:`ConstantFacts` in ``low``."""
+    """(name, result) pairs, in the order of RESULTS: the main graph's
+    :class:`NodeColumns`, then its :class:`ConstantFacts` in ``low``."""
     graph = onnx.ModelProto.FromString(data).graph
     nodes = list(graph.node)
     columns = NodeColumns.of(nodes)

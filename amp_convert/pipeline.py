@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
+from .ahead import RESULTS as AHEAD_RESULTS
 from .ahead import fitting_facts
 from .check import CHECK_MODES, check_converted
 from .cleanup import cast_triples, clean_up, count_casts, indexed_casts
@@ -171,7 +172,8 @@ def _convert(
         notes.append(note + (f" ({options.low.name} Casts need it)" if target > (options.target_opset or 0) else ""))
         timer.lap("upgrade")
     if ahead is not None and work is not given:  # (worked out on the model as given: taken, and left)
-        ahead("columns"), ahead("constants")
+        for name in AHEAD_RESULTS:
+            ahead(name)
         ahead = None
     ctx = build_context(work.graph, columns=None if ahead is None else partial(ahead, "columns"))
     input_casts = indexed_casts(ctx)

@@ -48,7 +48,7 @@ from .lists import (
     OpLists,
 )
 from .options import ConvertOptions
-from .safety import ConstantRanges, data_range_problem, graph_constant_facts
+from .safety import ConstantRanges, data_range_problem
 from .schema import Signature, first_opset_admitting, is_default_domain, model_opsets, op_key, signature
 from .typeinfo import NOT_A_TENSOR
 
@@ -402,8 +402,8 @@ class Planner:
         kinds = self._kind_ids(ctx, floats, patterns) if reuse else [-1] * len(nodes)
         outcomes, follows = self._outcomes, self._follows
         rows, row_of_node = self._rows, entries.row_numbers
-        if self.constants_rule and not self.ranges.primed(ctx.path):  # (the input's checker child may have done it)
-            self.ranges.adopt(ctx.path, graph_constant_facts(ctx.initializers, ctx.nodes, ctx.ops, self.low))
+        if self.constants_rule:
+            self.ranges.gather(ctx, self.low)
         # Names whose constant values the safety rule must look at (the data-range rule looks at every node).
         suspects = self.ranges.suspects(ctx, self.low) if self.constants_rule and not self.calibration else None
         # Without tensors already in the low dtype, a node's float32 outputs are the ones given a state.
@@ -446,9 +446,8 @@ class Planner:
                 follow = follows[kind] = self._decisions[ops[i], domains[i], floats[i]][3] == _FOLLOW
                 low = entry.precision is Precision.LOW
                 neutral = state in (NEUTRAL, _SOURCE)
-                rows.append((entry.precision, entry.rule, entry.reason, entry.low_inputs, entry.low_outputs))
                 outcomes[kind * 4 + (self._seen_states(ctx, i) if follow else 0)] = (
-                    len(rows) - 1,
+                    self._shared_row(entry),
                     entry.low_inputs,
                     state,
                     low and self.safety,  # the safety rules looked at this node's own inputs
@@ -707,10 +706,14 @@ class Planner:
         self._resolve_from_consumers(ctx, i, entry, wants)
         if row >= 0 and entry.rule not in _NODE_RULES:
             low = entry.precision is Precision.LOW
-            self._rows.append((entry.precision, entry.rule, entry.reason, entry.low_inputs, entry.low_outputs))
             # (the safety rules looked at this node's own inputs where it went low and is not a source)
             checked = low and self.safety and entry.rule != "source"
-            self._resolved[key] = (len(self._rows) - 1, entry.low_outputs if low else (), checked)
+            self._resolved[key] = (self._shared_row(entry), entry.low_outputs if low else (), checked)
+
+    def _shared_row(self, entry: PlanEntry) -> int:
+        """A new decision row with ``entry``'s decision, for the nodes that will reuse it (see GraphEntries)."""
+        self._rows.append((entry.precision, entry.rule, entry.reason, entry.low_inputs, entry.low_outputs))
+        return len(self._rows) - 1
 
     def _consumer_needs(self, ctx: GraphContext, i: int) -> set[int]:
         """The element types the consumers of node ``i``'s float32 outputs need."""

@@ -32,7 +32,7 @@ from .external import is_external, read_array, retype_external
 from .graph import UNTYPED, GraphContext, NameGenerator
 from .lists import DTYPE_AGNOSTIC_INPUTS, DTYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
 from .plan import Demand, Plan, Precision
-from .safety import ConstantRanges, ValueStats, graph_constant_facts, raw_float32, segment_counts, small_raw, value_stats
+from .safety import ConstantRanges, ValueStats, raw_float32, segment_counts, small_raw, value_stats
 from .schema import is_default_domain
 
 
@@ -292,14 +292,13 @@ class Rewriter:
                 if ctx.types.get(value.name) == FLOAT and value.name not in ctx.initializers:
                     value.type.tensor_type.elem_type = low
                     changed[value.name] = low
-        batch: list[onnx.TensorProto] = []  # small raw ones, lowered in one pass
-        blobs: list[bytes] = []  # (their bytes)
+        batch: list[tuple[onnx.TensorProto, str, bytes]] = []  # small raw ones the facts do not hold, lowered in one pass
         types = ctx.types
         precision, low_ins, low_outs = self.plan.entries[ctx.path].columns()
         reads = _slot_reads(ctx, low_ins)
         floats = [name for name in ctx.initializers if types.get(name) == FLOAT]  # (its data type, without reading the proto)
-        if self.ranges is not None and not self.ranges.primed(ctx.path):  # (the planner's safety rule was off)
-            self.ranges.adopt(ctx.path, graph_constant_facts(ctx.initializers, ctx.nodes, ctx.ops, self.low))
+        if self.ranges is not None:  # (gathered by the planner unless its safety rule was off)
+            self.ranges.gather(ctx, self.low)
         for name, (read_low, read_f32) in zip(floats, self._initializer_reads(ctx, floats, reads), strict=True):
             tensor = ctx.initializers[name]
             if read_low is None:  # (the arrays cannot say: its readers are asked one by one)
@@ -307,20 +306,12 @@ class Rewriter:
                 read_low, read_f32 = low in wants, bool(wants - {low})
             # (an initializer listed as an input keeps its declared type)
             if read_low and not read_f32 and name not in ctx.input_set:
-                if not self._lower_known(ctx.path, name, tensor):
-                    raw = small_raw(tensor)
-                    if raw:
-                        batch.append(tensor)
-                        blobs.append(raw)
-                    else:
-                        external = self.ranges is not None and is_external(tensor)
-                        known = self.ranges.stats(ctx.path, name, tensor) if external else None
-                        lower_tensor(tensor, self.low, self.stats, base_dir=self.base_dir, values=known)
+                self._lower_value(ctx.path, name, tensor, batch)
                 changed[name] = low
                 self.stats.initializers_lowered += 1
             elif read_low:
                 self.stats.initializers_shared += 1
-        lower_small_tensors(batch, self.low, self.stats, blobs=blobs)
+        self._lower_batch(batch)
 
         subgraphs, ops, ins = ctx.subgraphs, ctx.ops, ctx.ins
         # A low node's float outputs change type in place: its readers see them low.
@@ -377,25 +368,40 @@ class Rewriter:
             ctx.graph.value_info.append(helper.make_tensor_value_info(name, changed.get(name, FLOAT), None))
         # Before the nodes are re-listed: re-listing copies them, and these
         # tensors belong to the nodes (and subgraphs) being copied.
-        self._lower_constants_batch()
+        self._lower_batch(self._constants)
         if self.ranges is not None:
             self.ranges.drop_values(ctx.path)
         if top or after:
             _place(ctx, top, after)
             self.stats.casts_inserted += len(top) + sum(len(v) for v in after.values())
 
-    def _lower_known(self, scope: str, name: str, tensor: onnx.TensorProto) -> bool:
-        """Lower constant ``name`` with the values the planner's pass over
-        the constants already converted (see :meth:`ConstantRanges.low_values`);
-        False where it holds none."""
+    def _lower_value(self, scope: str, name: str, tensor: onnx.TensorProto, batch: list) -> None:
+        """Lower constant ``name`` (an initializer, or a Constant's value by
+        its output's name) of the graph at ``scope``: with its values already
+        converted when gathering the constant facts (see
+        :meth:`ConstantRanges.low_values`), else, small and raw, in ``batch``
+        (see :meth:`_lower_batch`), else alone."""
         lowered = self.ranges.low_values(scope, name, self.low) if self.ranges is not None else None
-        if lowered is None:
-            return False
-        tensor.raw_data, flushed = lowered
-        tensor.data_type = self.low.onnx_type
-        if flushed:
-            self.stats.flushed[name] = self.stats.flushed.get(name, 0) + flushed
-        return True
+        if lowered is not None:
+            tensor.raw_data, flushed = lowered
+            tensor.data_type = self.low.onnx_type
+            if flushed:
+                self.stats.flushed[name] = self.stats.flushed.get(name, 0) + flushed
+            return
+        raw = small_raw(tensor)
+        if raw:
+            batch.append((tensor, name, raw))
+            return
+        external = self.ranges is not None and is_external(tensor)
+        known = self.ranges.stats(scope, name, tensor) if external else None
+        lower_tensor(tensor, self.low, self.stats, name, self.base_dir, known)
+
+    def _lower_batch(self, batch: list[tuple[onnx.TensorProto, str, bytes]]) -> None:
+        """Lower the (tensor, name, raw bytes) of ``batch`` in one pass, and empty it."""
+        if batch:
+            tensors, labels, blobs = (list(column) for column in zip(*batch, strict=True))
+            lower_small_tensors(tensors, self.low, self.stats, labels, blobs)
+            batch.clear()
 
     @staticmethod
     def _initializer_reads(ctx: GraphContext, names: list[str], reads: _SlotReads) -> Iterator[tuple[bool | None, bool]]:
@@ -427,12 +433,6 @@ class Rewriter:
                 unsure[index[name]] = True
         rows = zip(low.tolist(), f32.tolist(), unsure.tolist(), strict=True)
         return ((None, False) if odd else (by_low, by_f32) for by_low, by_f32, odd in rows)
-
-    def _lower_constants_batch(self) -> None:
-        if self._constants:
-            tensors, labels, blobs = (list(column) for column in zip(*self._constants, strict=True))
-            lower_small_tensors(tensors, self.low, self.stats, labels, blobs)
-            self._constants.clear()
 
     def _fix_graph_outputs(self, ctx: GraphContext, i: int, node: onnx.NodeProto, changed: dict, after: dict) -> None:
         """A graph output whose producer now writes another type keeps its
@@ -541,12 +541,7 @@ class Rewriter:
     def _lower_constant(self, node: onnx.NodeProto, scope: str) -> None:
         for idx, a in enumerate(node.attribute):
             if a.name == "value":
-                if not self._lower_known(scope, node.output[0], a.t):
-                    raw = small_raw(a.t)
-                    if raw:
-                        self._constants.append((a.t, node.output[0], raw))
-                    else:
-                        lower_tensor(a.t, self.low, self.stats, node.output[0], self.base_dir)
+                self._lower_value(scope, node.output[0], a.t, self._constants)
             elif a.name in ("value_float", "value_floats"):
                 values = np.array(a.f if a.name == "value_float" else list(a.floats), dtype=np.float32)
                 tensor = numpy_helper.from_array(to_low_array(values, self.low, node.output[0], self.stats))

@@ -229,8 +229,8 @@ def graph_constant_facts(
 
 def constant_values(nodes: Sequence[onnx.NodeProto], ops: Sequence[str]) -> dict[str, onnx.TensorProto]:
     """The tensors Constant nodes (``ops``: the nodes' op types) hold in a
-    ``value`` attribute, by output name (what :meth:`ConstantRanges.prime`
-    can take with the initializers; other Constant forms are judged one by
+    ``value`` attribute, by output name (gathered with the initializers: see
+    :func:`graph_constant_facts`; other Constant forms are judged one by
     one)."""
     values = {}
     for i in [i for i, op in enumerate(ops) if op == "Constant"]:
@@ -279,9 +279,11 @@ class ConstantRanges:
                 found = self._stats[scope, name] = row[0].stats(row[1])
         return found
 
-    def primed(self, scope: str) -> bool:
-        """Whether the facts on the graph at path ``scope`` are gathered."""
-        return scope in self._facts
+    def gather(self, ctx: GraphContext, low: LowDtype) -> None:
+        """Gather the facts on graph ``ctx``'s constants in ``low``, unless
+        they are (by the planner, or by the input's checker child)."""
+        if ctx.path not in self._facts:
+            self.adopt(ctx.path, graph_constant_facts(ctx.initializers, ctx.nodes, ctx.ops, low))
 
     def adopt(self, scope: str, facts: list[ConstantFacts]) -> None:
         """Take facts gathered on the graph at path ``scope`` (here, or by the input's checker child)."""
