@@ -11,7 +11,8 @@ own fresh process.
 
 Synthetic models come from ``models/synthetic.py`` (built into
 ``models/cache/synthetic/`` when missing). For every model and tool it runs
-one process (``--repeat N``: N processes, median wall time):
+one process (``--repeat N``: N processes, median wall time; the repeats
+go round the tools, repeat k of each before repeat k+1 of any):
 
   load+save      python -c: import onnx, onnx.load, onnx.save (external-data
                  inputs: loaded with their data, saved with save_as_external_data)
@@ -394,9 +395,15 @@ def bench_model(entry: dict[str, Any], tools: list[Tool], args: argparse.Namespa
         res.info = inspect(path, entry, ref, is_reference=True, checker=False, ort=True, timeout=args.timeout)
     warm_cache(path)
     ext = bool(res.info.get("external_data"))
-    for tool in tools:
-        reps = []
-        for rep in range(args.repeat):
+    # Round-robin: repeat k of every tool runs before repeat k+1 of any, so
+    # that the machine's slow spells (a VM's CPU steal) fall on all tools
+    # alike rather than on one tool's whole series.
+    reps: dict[str, list[dict[str, Any]]] = {tool.key: [] for tool in tools}
+    for rep in range(args.repeat):
+        for tool in tools:
+            done = reps[tool.key]
+            if done and (done[-1]["status"] != "ok" or done[-1]["wall_s"] > args.repeat_under):
+                continue  # a failure, a timeout or a slow run (its noise is small beside it) is not repeated
             run_dir = base / tool.key / str(rep)
             run_dir.mkdir(parents=True)
             out = run_dir / "out.onnx"
@@ -404,16 +411,16 @@ def bench_model(entry: dict[str, Any], tools: list[Tool], args: argparse.Namespa
             rec["output_bytes"] = dir_bytes(run_dir) if out.is_file() else None
             if rep == 0 and rec["status"] == "ok" and out.is_file() and not args.no_inspect:
                 rec["inspect"] = inspect(out, entry, ref, is_reference=False, checker=True, ort=want_ort, timeout=args.timeout)
-            reps.append(rec)
+            done.append(rec)
             if not args.keep_outputs and (rec["output_bytes"] or 0) > args.keep_max_mb * MB:
                 for f in run_dir.glob("out.onnx*"):
                     f.unlink()
-            if rec["status"] != "ok" or rec["wall_s"] > args.repeat_under:
-                break  # a failure, a timeout or a slow run (its noise is small beside it) is not repeated
-        rec = dict(reps[0])
-        rec["walls_s"] = [round(r["wall_s"], 3) for r in reps]
-        rec["wall_s"] = statistics.median(r["wall_s"] for r in reps)
-        rec["rss_kb"] = max((r.get("rss_kb") or 0) for r in reps) or None
+    for tool in tools:
+        runs = reps[tool.key]
+        rec = dict(runs[0])
+        rec["walls_s"] = [round(r["wall_s"], 3) for r in runs]
+        rec["wall_s"] = statistics.median(r["wall_s"] for r in runs)
+        rec["rss_kb"] = max((r.get("rss_kb") or 0) for r in runs) or None
         res.runs[tool.key] = rec
         print(f"   {tool.label:26s} {' | '.join(_row(res, tool)[3:])}", file=sys.stderr, flush=True)
     return res
