@@ -49,14 +49,6 @@ with the O2 block list, and O3 against the default: same semantics) and
 amp none / load+save wall time (target on the 100k-node graph: <= 1/3 and
 <= 5), and for external-data models peak RSS against 0.6 x fp32 weight size +
 300 MB and wall / load+save (target <= 1.5).
-
-The repeats go round the tools (repeat k of each before repeat k+1 of any),
-and the machine's speed is probed (a fixed pure-Python loop, timed in this
-process) before and after every run. A round whose probes differ by more
-than STEADY_SPREAD ran partly at one speed and partly at another (the VM
-these figures come from changes speed for tens of seconds at a time); the
-ratios to ort are also given over the steady rounds alone, each tool's
-median over those rounds, with how many there were.
 """
 
 from __future__ import annotations
@@ -379,36 +371,12 @@ def inspect(
 # --------------------------------------------------------------------------- the benchmark
 
 
-# The VM these figures come from changes speed for tens of seconds at a time
-# (a pure-Python loop takes up to 1.8x as long in its slow spells, and no
-# steal time shows). A short probe of the machine's speed is timed before
-# every run and after it; a round (one run of each tool) whose probes differ
-# by more than STEADY_SPREAD ran partly at one speed and partly at the other,
-# and compares the machine as much as the tools. Ratios are given over all
-# rounds and over the steady ones.
-PROBE_LOOPS = 200_000
-STEADY_SPREAD = 1.15
-
-
-def speed_probe() -> float:
-    """Seconds for a fixed pure-Python loop, the better of two: the machine's speed now."""
-    best = float("inf")
-    for _ in range(2):
-        t0 = time.perf_counter()
-        total = 0
-        for i in range(PROBE_LOOPS):
-            total += i * i
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 @dataclass
 class ModelResult:
     name: str
     entry: dict[str, Any]
     info: dict[str, Any] = field(default_factory=dict)
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    steady_rounds: list[int] = field(default_factory=list)  # rounds whose speed probes agree (STEADY_SPREAD)
 
 
 def bench_model(entry: dict[str, Any], tools: list[Tool], args: argparse.Namespace) -> ModelResult:
@@ -432,7 +400,6 @@ def bench_model(entry: dict[str, Any], tools: list[Tool], args: argparse.Namespa
     # alike rather than on one tool's whole series.
     reps: dict[str, list[dict[str, Any]]] = {tool.key: [] for tool in tools}
     for rep in range(args.repeat):
-        probes: list[float] = []
         for tool in tools:
             done = reps[tool.key]
             if done and (done[-1]["status"] != "ok" or done[-1]["wall_s"] > args.repeat_under):
@@ -440,10 +407,7 @@ def bench_model(entry: dict[str, Any], tools: list[Tool], args: argparse.Namespa
             run_dir = base / tool.key / str(rep)
             run_dir.mkdir(parents=True)
             out = run_dir / "out.onnx"
-            before = speed_probe()
             rec = run_measured(tool.argv(str(path), str(out), ext), run_dir, args.timeout)
-            probes += [before, speed_probe()]
-            rec["round"], rec["probes_s"] = rep, [round(probes[-2], 4), round(probes[-1], 4)]
             rec["output_bytes"] = dir_bytes(run_dir) if out.is_file() else None
             if rep == 0 and rec["status"] == "ok" and out.is_file() and not args.no_inspect:
                 rec["inspect"] = inspect(out, entry, ref, is_reference=False, checker=True, ort=want_ort, timeout=args.timeout)
@@ -451,17 +415,10 @@ def bench_model(entry: dict[str, Any], tools: list[Tool], args: argparse.Namespa
             if not args.keep_outputs and (rec["output_bytes"] or 0) > args.keep_max_mb * MB:
                 for f in run_dir.glob("out.onnx*"):
                     f.unlink()
-        if not probes:
-            continue
-        if max(probes) <= STEADY_SPREAD * min(probes):
-            res.steady_rounds.append(rep)
-        print(f"   round {rep}: speed probes {min(probes) * 1e3:.0f}-{max(probes) * 1e3:.0f} ms", file=sys.stderr, flush=True)
     for tool in tools:
         runs = reps[tool.key]
         rec = dict(runs[0])
         rec["walls_s"] = [round(r["wall_s"], 3) for r in runs]
-        rec["rounds"] = [r["round"] for r in runs]
-        rec["probes_s"] = [r["probes_s"] for r in runs]
         rec["wall_s"] = statistics.median(r["wall_s"] for r in runs)
         rec["rss_kb"] = max((r.get("rss_kb") or 0) for r in runs) or None
         res.runs[tool.key] = rec
@@ -535,24 +492,6 @@ def _ratio(a: dict | None, b: dict | None) -> str:
     return f"{a['wall_s'] / b['wall_s']:.2f}"
 
 
-def steady_ratio(res: ModelResult, a: dict | None, b: dict | None) -> tuple[float, int] | None:
-    """a / b median wall time over the steady rounds in which both ran, and
-    how many those are; None where there are none (or either failed)."""
-    if not a or not b or a["status"] != "ok" or b["status"] != "ok":
-        return None
-    walls_a, walls_b = dict(zip(a["rounds"], a["walls_s"], strict=True)), dict(zip(b["rounds"], b["walls_s"], strict=True))
-    common = [k for k in res.steady_rounds if k in walls_a and k in walls_b]
-    if not common:
-        return None
-    return statistics.median(walls_a[k] for k in common) / statistics.median(walls_b[k] for k in common), len(common)
-
-
-def _steady(res: ModelResult, a: dict | None, b: dict | None) -> str:
-    found = steady_ratio(res, a, b)
-    rounds = max((len(r.get("rounds", ())) for r in res.runs.values()), default=0)
-    return "n/a" if found is None else f"{found[0]:.2f} ({found[1]} of {rounds})"
-
-
 def ratio_rows(results: list[ModelResult]) -> list[list[str]]:
     rows = []
     for res in results:
@@ -568,9 +507,6 @@ def ratio_rows(results: list[ModelResult]) -> list[list[str]]:
             for label, mine, peer in (("O2 vs ort O2", amp, ort_o2), ("O2 vs ort", amp, ort), ("O3 vs ort", amp_o3, ort)):
                 if mine and peer and mine["status"] == "ok" and (peer["status"] == "ok" or peer.get("timed_out")):
                     notes.append(f"{label} <=0.33: {'met' if mine['wall_s'] / peer['wall_s'] <= 1 / 3 else 'MISSED'}")
-                    steady = steady_ratio(res, mine, peer)
-                    if steady is not None:
-                        notes.append(f"in steady rounds: {'met' if steady[0] <= 1 / 3 else 'MISSED'}")
             if ls and ls["status"] == "ok":
                 notes.append(f"load+save target <=5: {'met' if amp['wall_s'] / ls['wall_s'] <= 5 else 'MISSED'}")
         if ext and amp:
@@ -588,8 +524,6 @@ def ratio_rows(results: list[ModelResult]) -> list[list[str]]:
                 _ratio(amp, ort),
                 _ratio(amp, ort_o2),
                 _ratio(amp_o3, ort),
-                _steady(res, amp, ort),
-                _steady(res, amp_o3, ort),
                 _ratio(amp, ls),
                 _ratio(res.runs.get("amp-full"), ort),
                 _ratio(res.runs.get("ocm"), ls),
@@ -609,8 +543,6 @@ RATIO_HEADER = [
     "amp none / ort",
     "amp none / ort O2 block list",
     "amp O3 / ort",
-    "amp none / ort, steady rounds",
-    "amp O3 / ort, steady rounds",
     "amp none / load+save",
     "amp full / ort",
     "ocm / load+save",
