@@ -69,6 +69,22 @@ def test_converting_without_validation_loads_nothing_of_validation(resnet, tmp_p
     assert (tmp_path / "out.onnx").is_file()
 
 
+@pytest.mark.parametrize("collecting", [True, False])
+def test_importing_the_package_leaves_the_cyclic_collector_as_it_was(collecting):
+    """The collector is off while the package imports onnx and numpy (it
+    would only scan over what they make), and as it was afterwards: on for
+    an ordinary process, still off for one that turned it off."""
+    script = (
+        "import gc, sys\n"
+        f"gc.enable() if {collecting} else gc.disable()\n"
+        "import amp_convert\n"
+        "print('onnx' in sys.modules, gc.isenabled())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", str(collecting)]
+
+
 def test_the_command_under_a_profiler_ends_as_usual(tmp_path):
     """The command skips the interpreter's teardown, except where a profiler
     (or tracer) waits for it to save its data."""
