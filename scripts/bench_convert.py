@@ -396,8 +396,9 @@ def bench_model(entry: dict[str, Any], tools: list[Tool], args: argparse.Namespa
     warm_cache(path)
     ext = bool(res.info.get("external_data"))
     # Round-robin: repeat k of every tool runs before repeat k+1 of any, so
-    # that the machine's slow spells (a VM's CPU steal) fall on all tools
-    # alike rather than on one tool's whole series.
+    # that the machine's slow spells (the VM of BENCHMARKS.md changes speed
+    # for seconds at a time) fall on all tools alike rather than on one
+    # tool's whole series.
     reps: dict[str, list[dict[str, Any]]] = {tool.key: [] for tool in tools}
     for rep in range(args.repeat):
         for tool in tools:
