@@ -8,6 +8,7 @@ argument groups). Every user error is one line on stderr and exit code 2;
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
@@ -896,6 +897,7 @@ def command() -> None:
     and closed, and nothing runs in another thread. click flushes what it
     writes; anything else buffered is flushed here (where that fails, the
     interpreter's own exit reports it)."""
+    gc.freeze()  # (what the imports made lives as long as the process: the collector need not scan it again)
     code = main(keep=_KEPT)
     if _observed():
         raise SystemExit(code)
