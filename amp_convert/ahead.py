@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import onnx
 
 from .dtypes import LowDtype
-from .graph import NodeColumns, graph_initializers
+from .graph import NodeColumns, graph_initializers, string_columns
 from .safety import ConstantFacts, graph_constant_facts
 
 # What work_ahead gives, in the order it gives them (and the converter asks for them).
@@ -34,10 +34,8 @@ def work_ahead(data: bytes, low: LowDtype) -> Iterator[tuple[str, object]]:
     :class:`NodeColumns`, then its :class:`ConstantFacts` in ``low``."""
     graph = onnx.ModelProto.FromString(data).graph
     nodes = list(graph.node)
-    columns = NodeColumns.of(nodes)
-    yield "columns", columns
-    split = columns.split(len(nodes)) if columns is not None else None
-    ops = split[0] if split is not None else [node.op_type for node in nodes]
+    ops, domains, names = string_columns(nodes)
+    yield "columns", NodeColumns.of(ops, domains, names)
     yield "constants", graph_constant_facts(graph_initializers(graph), nodes, ops, low)
 
 

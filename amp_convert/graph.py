@@ -153,12 +153,12 @@ class NodeColumns:
     names: str
 
     @classmethod
-    def of(cls, nodes: Iterable[onnx.NodeProto]) -> NodeColumns | None:
-        """None where a field is not UTF-8 (protobuf hands it back as bytes:
-        the converter reads it and refuses it itself)."""
-        nodes = list(nodes)
+    def of(cls, ops: list[str], domains: list[str], names: list[str]) -> NodeColumns | None:
+        """The columns :func:`string_columns` read, joined; None where a field
+        is not UTF-8 (protobuf hands it back as bytes: the converter reads it
+        and refuses it itself)."""
         try:
-            return cls(*("\0".join(column) for column in _string_columns(nodes)))
+            return cls("\0".join(ops), "\0".join(domains), "\0".join(names))
         except TypeError:
             return None
 
@@ -171,7 +171,9 @@ class NodeColumns:
         return columns if all(len(column) == count for column in columns) else None  # type: ignore[return-value]
 
 
-def _string_columns(nodes: list[onnx.NodeProto]) -> tuple[list[str], list[str], list[str]]:
+def string_columns(nodes: Iterable[onnx.NodeProto]) -> tuple[list[str], list[str], list[str]]:
+    """The nodes' op types, domains and names, a list each."""
+    nodes = list(nodes)
     return [node.op_type for node in nodes], [node.domain for node in nodes], [node.name for node in nodes]
 
 

@@ -52,6 +52,13 @@ def test_python_dash_m_runs_the_command_with_its_exit_codes(resnet, tmp_path):
     assert bad.stderr.count("\n") == 1 and "no such file" in bad.stderr
 
 
+def _python(script: str) -> list[str]:
+    """The words ``script`` prints, run in a fresh interpreter (what it imports is its own); it must succeed."""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()
+
+
 def test_converting_without_validation_loads_nothing_of_validation(resnet, tmp_path):
     """A conversion without validation (CI steps, large graphs) does not
     start by importing onnxruntime or the validation modules: only the
@@ -63,9 +70,7 @@ def test_converting_without_validation_loads_nothing_of_validation(resnet, tmp_p
         "heavy = ('onnxruntime', 'amp_convert.validate', 'amp_convert.calibrate', 'amp_convert.inputs', 'amp_convert.auto')\n"
         "print(code, sorted(m for m in heavy if m in sys.modules))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["0", "[]"]
+    assert _python(script) == ["0", "[]"]
     assert (tmp_path / "out.onnx").is_file()
 
 
@@ -80,9 +85,7 @@ def test_importing_the_package_leaves_the_cyclic_collector_as_it_was(collecting)
         "import amp_convert\n"
         "print('onnx' in sys.modules, gc.isenabled())\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["True", str(collecting)]
+    assert _python(script) == ["True", str(collecting)]
 
 
 def test_the_command_under_a_profiler_ends_as_usual(tmp_path):

@@ -725,7 +725,7 @@ def test_node_columns_read_elsewhere_are_taken_only_where_they_fit():
     NUL in a name, columns of another graph or anything else, and a name
     that is not UTF-8 (protobuf hands it back as bytes) leave the index to
     read them itself."""
-    from amp_convert.graph import NodeColumns, build_context
+    from amp_convert.graph import NodeColumns, build_context, string_columns
 
     built = _large_with_constants()
     nodes = list(built.graph.node)
@@ -735,9 +735,9 @@ def test_node_columns_read_elsewhere_are_taken_only_where_they_fit():
     nul.CopyFrom(built)
     nul.graph.node[1].name = "c\0d"
     for given, taken in (
-        (NodeColumns.of(nodes), True),
-        (NodeColumns.of(nul.graph.node), False),
-        (NodeColumns.of(other.graph.node), False),
+        (NodeColumns.of(*string_columns(nodes)), True),
+        (NodeColumns.of(*string_columns(nul.graph.node)), False),
+        (NodeColumns.of(*string_columns(other.graph.node)), False),
         ("columns", False),
         (None, False),
     ):
@@ -745,7 +745,7 @@ def test_node_columns_read_elsewhere_are_taken_only_where_they_fit():
         assert (ctx._names is not None) == taken  # (names split from the columns, not read)
         assert (ctx.ops, ctx.domains, ctx.node_names()) == read
     data = _model([helper.make_node("Relu", ["x"], ["y"], name="NODE")]).SerializeToString()
-    assert NodeColumns.of(onnx.ModelProto.FromString(data.replace(b"NODE", b"N\xff\xfeE")).graph.node) is None
+    assert NodeColumns.of(*string_columns(onnx.ModelProto.FromString(data.replace(b"NODE", b"N\xff\xfeE")).graph.node)) is None
 
 
 def test_the_checker_child_never_holds_the_converter_back_for_what_it_cannot_work_out(tmp_path):
