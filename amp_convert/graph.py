@@ -1,5 +1,6 @@
-"""Indexes over a model's graphs, built once: producers, consumers, subgraph
-scopes and the values subgraphs capture from outer scopes.
+"""Indexes over a model's graphs, built once: producers, consumers (as
+asked for), subgraph scopes and the values subgraphs capture from outer
+scopes.
 
 Every later stage looks tensors up here instead of scanning the graph, which
 keeps the converter linear in the number of nodes.
@@ -37,7 +38,6 @@ class GraphContext:
     ops: list[str] = field(default_factory=list)
     domains: list[str] = field(default_factory=list)
     producer: dict[str, int] = field(default_factory=dict)  # tensor -> node index
-    consumers: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # tensor -> (node, slot)
     captured_by: dict[str, list[int]] = field(default_factory=dict)  # tensor -> nodes whose subgraphs read it
     subgraphs: dict[int, list[GraphContext]] = field(default_factory=dict)  # node index -> its bodies
     free_names: set[str] = field(default_factory=set)  # names read here but defined in an outer scope
@@ -52,6 +52,8 @@ class GraphContext:
     _op_codes: tuple[np.ndarray, int] | None = None
     _input_types: np.ndarray | None = None
     _names: list[str] | None = None
+    _consumers: dict[str, list[tuple[int, int]]] | None = None  # every tensor's readers, once asked for
+    _some_readers: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # those gathered so far
 
     def defines(self, name: str) -> bool:
         return name in self.producer or name in self.initializers or name in self.input_set
@@ -76,6 +78,48 @@ class GraphContext:
                 return 0
             ctx = ctx.parent
         return 0
+
+    @property
+    def consumers(self) -> dict[str, list[tuple[int, int]]]:
+        """Tensor -> the (node, slot) pairs reading it in this graph, in graph
+        order: every tensor's, made on first use (the stages of a plain
+        conversion ask for the readers of a few tensors, see :meth:`readers`)."""
+        if self._consumers is None:
+            self._consumers = _readers(self.input_slots())
+        return self._consumers
+
+    def readers(self, name: str) -> list[tuple[int, int]]:
+        """The (node, slot) pairs reading ``name`` in this graph, in graph order."""
+        if self._consumers is None:
+            found = self._some_readers.get(name)
+            if found is not None:
+                return found
+        return self.consumers.get(name, [])
+
+    def gather_readers(self, names: Iterable[str]) -> None:
+        """Find the readers of ``names`` in one pass over the input slots,
+        for :meth:`readers`: cheaper, for a few thousand names, than the
+        readers of every tensor (a dict of lists of tuples, all new)."""
+        if self._consumers is not None:
+            return
+        wanted = set(names).difference(self._some_readers)
+        wanted.discard("")
+        if not wanted:
+            return
+        table = self.input_slots()
+        found: dict[str, list[tuple[int, int]]] = {name: [] for name in wanted}
+        hits = np.flatnonzero(np.fromiter(map(wanted.__contains__, table.names), bool, len(table.names)))
+        for name, node, slot in zip(
+            map(table.names.__getitem__, hits.tolist()), table.node[hits].tolist(), table.slot[hits].tolist(), strict=True
+        ):
+            found[name].append((node, slot))
+        self._some_readers.update(found)
+
+    def read_names(self) -> set[str]:
+        """Every tensor name some node of this graph reads."""
+        names = set(self.input_slots().names)
+        names.discard("")  # (an absent optional input)
+        return names
 
     def node_names(self) -> list[str]:
         """Every node's name (read on first use: the planner is the one
@@ -258,7 +302,6 @@ def build_context(
     else:
         ctx.ops, ctx.domains = [node.op_type for node in nodes], [node.domain for node in nodes]
     ops, domains = ctx.ops, ctx.domains
-    ctx.consumers = consumers = _readers(ctx.input_slots())
     outputs = ctx.output_slots()  # (a later name wins, as it would in a loop over the nodes)
     ctx.producer = producer = dict(zip(outputs.names, outputs.node.tolist(), strict=True))
     # Only these default-domain ops carry graphs; other domains may (e.g. BeamSearch).
@@ -291,7 +334,7 @@ def build_context(
         ctx.subgraphs[i] = subs
     # Free names: read here (directly or by nested subgraphs) but defined outside.
     if parent is not None:  # (the main graph reads nothing from outside)
-        ctx.free_names = set(consumers).union(ctx.captured_by).difference(producer, ctx.initializers, ctx.input_set)
+        ctx.free_names = ctx.read_names().union(ctx.captured_by).difference(producer, ctx.initializers, ctx.input_set)
     return ctx
 
 
@@ -321,7 +364,7 @@ def _readers(table: SlotTable) -> dict[str, list[tuple[int, int]]]:
 def _check_utf8(ctx: GraphContext, ops: list) -> None:
     """:func:`check_utf8` over the index's names (one pass over the index,
     not the proto; node names are the planner's, which reads them)."""
-    for names in (ctx.producer, ctx.consumers, ctx.input_names, ctx.output_names, ctx.initializers, ops, ctx.domains):
+    for names in (ctx.producer, ctx.input_slots().names, ctx.input_names, ctx.output_names, ctx.initializers, ops, ctx.domains):
         check_utf8(names)
 
 
@@ -330,7 +373,7 @@ def tensor_names(root: GraphContext) -> set[str]:
     names: set[str] = set()
     for ctx in root.walk():
         names.update(ctx.producer)
-        names.update(ctx.consumers)
+        names.update(ctx.read_names())
         names.update(ctx.input_names)
         names.update(ctx.output_names)
         names.update(ctx.initializers)

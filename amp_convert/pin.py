@@ -84,7 +84,7 @@ def _picks_float_data(ctx: GraphContext, selection: Selection) -> bool:
     seen, todo = {selection.name}, [selection.name]
     while todo:
         name = todo.pop()
-        readers = [j for j, _ in ctx.consumers.get(name, ())] + ctx.captured_by.get(name, [])
+        readers = [j for j, _ in ctx.readers(name)] + ctx.captured_by.get(name, [])
         for j in readers:
             for out in ctx.outs[j]:
                 if not out or out in seen:

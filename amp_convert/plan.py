@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from itertools import repeat
+from itertools import chain, repeat
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -301,7 +301,7 @@ class Demand:
         subgraphs capturing it) need: the low dtype where a low node reads it
         low, its own type elsewhere; dtype-agnostic reads need nothing."""
         wants: set[int] = set()
-        readers = ctx.consumers.get(name, ())
+        readers = ctx.readers(name)
         if readers:  # (inline, no call per reader: a large graph asks this of every initializer)
             entries, ops, low, own = self.plan.entries[ctx.path], ctx.ops, self.low.onnx_type, None
             for j, slot in readers:
@@ -463,6 +463,8 @@ class Planner:
                 if ctx.ops[i] == "If" and entry.rule == "control-flow":
                     self._lower_if_outputs(ctx, i, entry)
             self._record_output_states(ctx, i, entry.precision, entry.low_outputs, neutral=state in (NEUTRAL, _SOURCE))
+        # (what the backward pass and the rewrite ask: the readers of these nodes' outputs, and of the graph's)
+        ctx.gather_readers(chain(chain.from_iterable(map(all_outs.__getitem__, pending)), ctx.output_names))
         for i in reversed(pending):
             self._resolve_pending(ctx, i, entries, suspects)
 
@@ -530,7 +532,7 @@ class Planner:
         if self._has_qdq and self._float_slots[i][:2] != ((), ()):
             producer, ops = ctx.producer, ctx.ops
             fed = any(ops[producer[n]] == "DequantizeLinear" for n in ctx.ins[i] if n in producer)
-            feeds = any(ops[j] == "QuantizeLinear" for n in ctx.outs[i] for j, _ in ctx.consumers.get(n, ()))
+            feeds = any(ops[j] == "QuantizeLinear" for n in ctx.outs[i] for j, _ in ctx.readers(n))
             if fed or feeds:
                 where = "reads a DequantizeLinear" if fed else "feeds a QuantizeLinear"
                 return Precision.FP32, "quantized", f"part of a QDQ-quantized computation ({where}): never touched", _FIXED

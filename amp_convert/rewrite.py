@@ -220,7 +220,7 @@ def _nodes_to_visit(
     always.update(ctx.subgraphs)
     always.update(i for i, op in enumerate(ctx.ops) if op in REWRITTEN_OPS and precision[i] is _LOW)
     for name in ctx.output_names:  # (its producer may rename it: its readers then need the Cast's)
-        always.update(j for j, _ in ctx.consumers.get(name, ()))
+        always.update(j for j, _ in ctx.readers(name))
     table = ctx.input_slots()
     flat, node = table.names, table.node
     if not flat:

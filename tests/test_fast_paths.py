@@ -16,7 +16,7 @@ from helpers import init, model, value
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_convert import convert, plan, rewrite, typeinfo
-from amp_convert.graph import build_context
+from amp_convert.graph import GraphContext, _readers, build_context
 from amp_convert.schema import model_opsets
 from models.rule_graphs import RULE_GRAPHS
 
@@ -105,6 +105,7 @@ SWITCH_OFF = {
     "float-slot patterns": (plan, "_all_float_slots", _per_node_float_slots),
     "single-output type rules": (typeinfo, "_single_output_rules", lambda ctx, *_: [None] * len(ctx.ops)),
     "reused plan outcomes": (plan.Planner, "_kind_ids", lambda self, ctx, *_: [-1] * len(ctx.ops)),
+    "gathered readers": (GraphContext, "gather_readers", lambda self, names: None),
     "initializer reads": (
         rewrite.Rewriter,
         "_initializer_reads",
@@ -136,6 +137,25 @@ def test_float_slot_patterns_match_the_per_node_answer(name):
         if name == "odd" and ctx.parent is None:  # (the per-node path is for what the codes cannot hold)
             worked_alone = {ctx.nodes[i].name for i in np.flatnonzero(patterns < 0).tolist()}
             assert worked_alone == {"wide", "mystery", "unknown_sum"}  # (70 slots; inputs of no type)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_gathered_readers_are_those_of_the_whole_index(name):
+    """Readers gathered for some names (the planner's way) are, name by name,
+    those the index of every tensor's readers holds; a name not gathered is
+    answered from that index, made then."""
+    original = _load(name)
+    for ctx in build_context(original.graph).walk():
+        every = _readers(ctx.input_slots())
+        names = sorted(every)
+        ctx.gather_readers([*names[::2], "", "no such tensor"])
+        for name_ in names[::2]:
+            assert ctx.readers(name_) == every[name_], (ctx.path, name_)
+        assert ctx.readers("no such tensor") == []
+        assert ctx._consumers is None, "gathering built the whole index"
+        for name_ in names:
+            assert ctx.readers(name_) == every[name_], (ctx.path, name_)
+        assert ctx.consumers == every
 
 
 @pytest.mark.parametrize("name", ["zoo:gpt2", "zoo:controlflow", "odd"])
