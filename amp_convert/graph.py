@@ -315,7 +315,7 @@ def build_context(
         else []
     )
     producer.pop("", None)
-    _check_utf8(ctx, ops)
+    _check_utf8(ctx, () if given is not None else (ops, domains))  # (columns joined by the child are text)
     labels: set[str] = set()
     for i in containers:
         node = ctx.nodes[i]
@@ -361,10 +361,11 @@ def _readers(table: SlotTable) -> dict[str, list[tuple[int, int]]]:
     return readers
 
 
-def _check_utf8(ctx: GraphContext, ops: list) -> None:
-    """:func:`check_utf8` over the index's names (one pass over the index,
-    not the proto; node names are the planner's, which reads them)."""
-    for names in (ctx.producer, ctx.input_slots().names, ctx.input_names, ctx.output_names, ctx.initializers, ops, ctx.domains):
+def _check_utf8(ctx: GraphContext, columns: Iterable[list]) -> None:
+    """:func:`check_utf8` over the index's names and the node ``columns``
+    read from the proto (one pass over the index, not the proto; node names
+    are the planner's, which reads them)."""
+    for names in (ctx.producer, ctx.input_slots().names, ctx.input_names, ctx.output_names, ctx.initializers, *columns):
         check_utf8(names)
 
 
@@ -373,7 +374,7 @@ def tensor_names(root: GraphContext) -> set[str]:
     names: set[str] = set()
     for ctx in root.walk():
         names.update(ctx.producer)
-        names.update(ctx.read_names())
+        names.update(ctx.input_slots().names)  # (with "", an absent input's: no new name is empty)
         names.update(ctx.input_names)
         names.update(ctx.output_names)
         names.update(ctx.initializers)

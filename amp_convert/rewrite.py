@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import repeat
+from itertools import chain, repeat
 from operator import is_not
 from pathlib import Path
 
@@ -579,7 +579,7 @@ def _place(ctx: GraphContext, top: list[bytes], after: dict[int, list[bytes]]) -
         else:
             new_positions.extend(i + k / (len(nodes) + 1) for k in range(1, len(nodes) + 1))
         encoded.extend(nodes)
-    ctx.graph.MergeFromString(b"".join(_NODE_FIELD + _varint(len(node)) + node for node in encoded))
+    ctx.graph.MergeFromString(b"".join(chain.from_iterable((_NODE_FIELD, _length(len(node)), node) for node in encoded)))
     # The container sorts a list of its nodes, each node's key asked for
     # once and in list order (CPython's list.sort): the keys are handed out in
     # that order by a C callable, ``next(positions, node)``, not by a Python
@@ -607,10 +607,17 @@ def _varint(n: int) -> bytes:
 def _string_field(key: bytes, text: str) -> bytes:
     data = text.encode()
     n = len(data)
-    return key + (_SHORT_LENGTHS[n] if n < 128 else _varint(n)) + data
+    return key + _length(n) + data
 
 
 _SHORT_LENGTHS = [bytes((n,)) for n in range(128)]
+
+
+def _length(n: int) -> bytes:
+    """A length, as protobuf writes it before a string or a message."""
+    return _SHORT_LENGTHS[n] if n < 128 else _varint(n)
+
+
 _INPUT, _OUTPUT, _NAME = (bytes([number << 3 | 2]) for number in (1, 2, 3))  # NodeProto's string fields
 
 

@@ -372,9 +372,9 @@ class ConstantRanges:
             for facts in self._facts.get(path, ()):
                 fine |= facts.unremarkable(low)
             names.update(n for n in set(ctx.initializers).difference(fine) if not _unremarkable(stats.get((path, n)), low))
-            for op, node_ins, outs in zip(ctx.ops, ctx.ins, ctx.outs, strict=True):
-                if op not in _CONSTANT_CARRIERS:
-                    continue
+            ops, all_ins, all_outs = ctx.ops, ctx.ins, ctx.outs
+            for i in [i for i, op in enumerate(ops) if op in _CONSTANT_CARRIERS]:  # (in graph order: chains pass on)
+                op, node_ins, outs = ops[i], all_ins[i], all_outs[i]
                 if op == "Constant":  # (primed like an initializer: see constant_values)
                     if outs and outs[0] not in fine and not _unremarkable(stats.get((path, outs[0])), low):
                         names.update(outs)
