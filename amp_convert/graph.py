@@ -115,12 +115,6 @@ class GraphContext:
             found[name].append((node, slot))
         self._some_readers.update(found)
 
-    def read_names(self) -> set[str]:
-        """Every tensor name some node of this graph reads."""
-        names = set(self.input_slots().names)
-        names.discard("")  # (an absent optional input)
-        return names
-
     def node_names(self) -> list[str]:
         """Every node's name (read on first use: the planner is the one
         stage that needs them all). Not checked for UTF-8 here."""
@@ -334,7 +328,8 @@ def build_context(
         ctx.subgraphs[i] = subs
     # Free names: read here (directly or by nested subgraphs) but defined outside.
     if parent is not None:  # (the main graph reads nothing from outside)
-        ctx.free_names = ctx.read_names().union(ctx.captured_by).difference(producer, ctx.initializers, ctx.input_set)
+        read = set(ctx.input_slots().names).union(ctx.captured_by)
+        ctx.free_names = read.difference(producer, ctx.initializers, ctx.input_set, ("",))  # ("": an absent input)
     return ctx
 
 
