@@ -12,6 +12,7 @@ length. Nothing here writes anything.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import pickle
 import signal
@@ -70,17 +71,24 @@ class BackgroundCheck:
 
     Before it checks, the child can work things out from the input's bytes
     for the converter (``ahead``: see :mod:`amp_convert.ahead`), which
-    :meth:`ahead_result` hands over by name. The child writes frames (an
-    8-byte length, then a pickled (name, value) pair): what it worked out,
-    a frame saying it is done with that (also when it failed), then its
-    verdict. The caller should ask for every result promptly: a large
-    frame not read holds the child, and its check, back.
+    :meth:`ahead_result` hands over by name. The child writes frames (a
+    pickled (name, value) pair, see :func:`_write_frame`): what it worked
+    out, a frame saying it is done with that (also when it failed), then its
+    verdict. Where the system has shared memory, a large frame's pickle,
+    and the buffers a value marks for it (``pickle.PickleBuffer``, as
+    :class:`~amp_convert.safety.ConstantFacts` does with its converted
+    values), go there: the child does not wait for the caller to read them
+    (it goes on to its check), and the caller maps them rather than copying
+    them through the pipe. Elsewhere everything goes through the pipe, and
+    the caller should ask for every result promptly: a large frame not read
+    holds the child, and its check, back.
 
     Used where nothing but the converter's own Python code touches the model
     before the verdict: no onnxruntime session, nothing written."""
 
-    def __init__(self, pid: int, read_end: int, path: Path, ahead: bool = False) -> None:
+    def __init__(self, pid: int, read_end: int, path: Path, ahead: bool = False, shared: int | None = None) -> None:
         self._pid, self._read_end, self._path = pid, read_end, path
+        self._shared = shared  # the memory file the child puts large buffers in (see _write_frame), or None
         self._verdict: AmpError | bool | None = False  # False: not yet known
         self._ahead: dict[str, object] = {}  # read, not yet handed over
         self._ahead_done = not ahead  # (no more ahead frames will come)
@@ -96,13 +104,15 @@ class BackgroundCheck:
         runs first, in the child, on the bytes (not on a path)."""
         ahead = ahead if isinstance(source, bytes) else None
         read_end, write_end = os.pipe()
+        shared = _memory_file() if ahead is not None else None
         try:
             with warnings.catch_warnings():  # (3.12+ warns of fork with threads: numpy's idle BLAS pool here)
                 warnings.simplefilter("ignore", DeprecationWarning)
                 pid = os.fork()
         except OSError:  # (out of memory or processes)
-            os.close(read_end)
-            os.close(write_end)
+            for fd in (read_end, write_end, shared):
+                if fd is not None:
+                    os.close(fd)
             return None
         if pid == 0:  # the child: work ahead, check, write what it found, leave without running any cleanup
             try:
@@ -112,8 +122,9 @@ class BackgroundCheck:
                 _die_with_parent()
                 if ahead is not None:
                     with contextlib.suppress(Exception):  # (what it could not work out, the converter does)
+                        out = _SharedOut(shared) if shared is not None else None
                         for found in ahead(source):
-                            _write_frame(write_end, found)
+                            _write_frame(write_end, found, out)
                     _write_frame(write_end, (_AHEAD_DONE, None))
                 try:
                     check_input_model(source, str(path))
@@ -124,7 +135,7 @@ class BackgroundCheck:
             finally:
                 os._exit(0)
         os.close(write_end)
-        return cls(pid, read_end, path, ahead is not None)
+        return cls(pid, read_end, path, ahead is not None, shared)
 
     def ahead_result(self, name: str) -> object | None:
         """What the child worked out ahead under ``name`` (waiting for it);
@@ -142,7 +153,7 @@ class BackgroundCheck:
         return self._ahead.pop(name, None)
 
     def _read_next(self) -> None:
-        frame = _read_frame(self._read_end)
+        frame = _read_frame(self._read_end, self._shared)
         if frame is None:  # (the child died, or wrote what cannot be read)
             self._ended = True
             return
@@ -170,8 +181,7 @@ class BackgroundCheck:
             except BaseException:  # interrupted while waiting: leave no child behind
                 self.cancel()
                 raise
-            os.close(self._read_end)
-            self._ahead.clear()
+            self._close()
             if not (exited and self._said is not None):  # the child died (out of memory?): check the file here
                 try:
                     check_input_model(str(self._path), str(self._path))
@@ -189,36 +199,97 @@ class BackgroundCheck:
             with contextlib.suppress(OSError):
                 os.kill(self._pid, signal.SIGKILL)
                 os.waitpid(self._pid, 0)
-            with contextlib.suppress(OSError):
-                os.close(self._read_end)
+            self._close()
             self._verdict = None
-            self._ahead.clear()
+
+    def _close(self) -> None:
+        """Close the pipe and the memory file (what was mapped from it stays)."""
+        for fd in (self._read_end, self._shared):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._shared = None
+        self._ahead.clear()
 
 
 # The frames' names for the end of the ahead results and for the verdict (no result is named so).
 _AHEAD_DONE, _VERDICT = "\0ahead-done", "\0verdict"
-_FRAME_HEADER = struct.Struct("<Q")
+# A frame's header: the length of its pickle in the pipe (0: the pickle is
+# in shared memory, at the first place listed), and how many places in the
+# memory file follow (each an offset and a length); then the pickle, if in the pipe.
+_FRAME_HEADER = struct.Struct("<QI")
+_BUFFER_PLACE = struct.Struct("<QQ")
+_PIPE_PICKLE_MOST = 1 << 14  # (a larger pickle goes to shared memory, where there is some: a pipe holds 64 KiB)
 
 
-def _write_frame(fd: int, value: object) -> None:
-    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    for part in (_FRAME_HEADER.pack(len(data)), data):  # (the pickle, which may be large, is not copied again)
+def _memory_file() -> int | None:
+    """A file in memory, shared with the child made next (Linux); None where there is none."""
+    try:
+        return os.memfd_create("amp-convert-ahead", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return None
+
+
+class _SharedOut:
+    """The child's side of the memory file: buffers written one after the
+    other, each at a page boundary (where the caller maps it)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.end = fd, 0
+
+    def put(self, view: memoryview) -> tuple[int, int]:
+        offset, n = self.end, view.nbytes
+        done = 0
+        while done < n:
+            done += os.pwrite(self.fd, view[done:], offset + done)
+        self.end = -(-(offset + n) // mmap.ALLOCATIONGRANULARITY) * mmap.ALLOCATIONGRANULARITY
+        return offset, n
+
+
+def _write_frame(fd: int, value: object, shared: _SharedOut | None = None) -> None:
+    """A frame (see _FRAME_HEADER). With ``shared``, a large pickle and the
+    buffers the value marks (``pickle.PickleBuffer``) go there; else all
+    goes into the pipe."""
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(value, protocol=5, buffer_callback=buffers.append if shared is not None else None)
+    views = [b.raw() for b in buffers]
+    in_pipe = shared is None or len(data) <= _PIPE_PICKLE_MOST
+    if not in_pipe:
+        views.insert(0, memoryview(data))
+    places = b"".join(_BUFFER_PLACE.pack(*shared.put(v)) for v in views) if views else b""
+    header = _FRAME_HEADER.pack(len(data) if in_pipe else 0, len(views)) + places
+    for part in (header, data) if in_pipe else (header,):  # (the pickle, which may be large, is not copied again)
         view = memoryview(part)
         while view:
             view = view[os.write(fd, view) :]
 
 
-def _read_frame(fd: int) -> tuple[str, object] | None:
-    """The next frame's (name, value); None where the child stopped before a whole frame."""
+def _read_frame(fd: int, shared: int | None = None) -> tuple[str, object] | None:
+    """The next frame's (name, value), its shared buffers mapped (read-only)
+    from the memory file ``shared``; None where the child stopped before a
+    whole frame."""
     header = _read_exactly(fd, _FRAME_HEADER.size)
-    data = None if header is None else _read_exactly(fd, _FRAME_HEADER.unpack(header)[0])
-    if data is None:
+    if header is None:
         return None
+    length, count = _FRAME_HEADER.unpack(header)
+    table = _read_exactly(fd, count * _BUFFER_PLACE.size) if count else b""
+    if table is None or not (length or count):
+        return None
+    places = list(_BUFFER_PLACE.iter_unpack(table))
     try:
-        name, value = pickle.loads(data)
+        data = _read_exactly(fd, length) if length else _mapped(shared, *places.pop(0))
+        if data is None:
+            return None
+        name, value = pickle.loads(data, buffers=[_mapped(shared, *place) for place in places])
     except Exception:  # (a torn frame: as if the child had died)
         return None
     return name, value
+
+
+def _mapped(shared: int | None, offset: int, length: int) -> mmap.mmap | bytes:
+    if shared is None:
+        raise ValueError("a frame with shared buffers, but no memory file")
+    return mmap.mmap(shared, length, prot=mmap.PROT_READ, offset=offset) if length else b""
 
 
 def _read_exactly(fd: int, n: int) -> bytearray | None:

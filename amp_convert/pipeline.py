@@ -184,9 +184,8 @@ def _convert(
     if calibration is None and options.safety_on:
         notes.append("calibrated range rule inactive: no reference data")
     ranges = ConstantRanges(clip=options.clip_initializers, base_dir=base_dir)
-    facts = fitting_facts(ahead("constants"), options.low) if ahead is not None else None
-    if facts is not None:
-        ranges.adopt(ctx.path, facts)
+    if ahead is not None:  # (asked for where first needed: the checker child may still be working them out)
+        ranges.offer(ctx.path, lambda: fitting_facts(ahead("constants"), options.low))
     plan = make_plan(work, ctx, options, ranges, calibration)
     plan.notes[:0] = notes
     timer.lap("plan")

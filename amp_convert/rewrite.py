@@ -267,7 +267,9 @@ class Rewriter:
         # a Cast of their own or a renamed graph output (one retyped in place is found in _changed)
         self._versions: dict[str, dict[str, dict[int, str]]] = {}
         self._changed: dict[str, dict[str, int]] = {}  # per scope: tensor -> its new element type
-        # small Constant values (tensor, label, raw bytes), lowered in one batch
+        # Constant values to lower (graph path, output name, tensor), lowered together before their graph's
+        # nodes are re-listed; the small ones the facts do not hold (tensor, label, raw bytes) in one batch
+        self._constant_values: list[tuple[str, str, onnx.TensorProto]] = []
         self._constants: list[tuple[onnx.TensorProto, str, bytes]] = []
         # per scope: (Casts to put first, Casts to put after node i), filled while its subgraphs are rewritten too
         self._placements: dict[str, tuple[list[bytes], dict[int, list[bytes]]]] = {}
@@ -300,18 +302,19 @@ class Rewriter:
         floats = [name for name in ctx.initializers if types.get(name) == FLOAT]  # (its data type, without reading the proto)
         if self.ranges is not None:  # (gathered by the planner unless its safety rule was off)
             self.ranges.gather(ctx, self.low)
+        lowered: list[str] = []
         for name, (read_low, read_f32) in zip(floats, self._initializer_reads(ctx, floats, reads), strict=True):
-            tensor = ctx.initializers[name]
             if read_low is None:  # (the arrays cannot say: its readers are asked one by one)
                 wants = self.demand.requirements(ctx, name)
                 read_low, read_f32 = low in wants, bool(wants - {low})
             # (an initializer listed as an input keeps its declared type)
             if read_low and not read_f32 and name not in ctx.input_set:
-                self._lower_value(ctx.path, name, tensor, batch)
-                changed[name] = low
-                self.stats.initializers_lowered += 1
+                lowered.append(name)
             elif read_low:
                 self.stats.initializers_shared += 1
+        self._lower_values(ctx.path, lowered, list(map(ctx.initializers.__getitem__, lowered)), batch)
+        changed.update(dict.fromkeys(lowered, low))
+        self.stats.initializers_lowered += len(lowered)
         self._lower_batch(batch)
 
         subgraphs, ops, ins = ctx.subgraphs, ctx.ops, ctx.ins
@@ -369,26 +372,32 @@ class Rewriter:
             ctx.graph.value_info.append(helper.make_tensor_value_info(name, changed.get(name, FLOAT), None))
         # Before the nodes are re-listed: re-listing copies them, and these
         # tensors belong to the nodes (and subgraphs) being copied.
-        self._lower_batch(self._constants)
+        self._lower_constant_values()
         if self.ranges is not None:
             self.ranges.drop_values(ctx.path)
         if top or after:
             _place(ctx, top, after)
             self.stats.casts_inserted += len(top) + sum(len(v) for v in after.values())
 
-    def _lower_value(self, scope: str, name: str, tensor: onnx.TensorProto, batch: list) -> None:
-        """Lower constant ``name`` (an initializer, or a Constant's value by
-        its output's name) of the graph at ``scope``: with its values already
-        converted when gathering the constant facts (see
-        :meth:`ConstantRanges.low_values`), else, small and raw, in ``batch``
-        (see :meth:`_lower_batch`), else alone."""
-        lowered = self.ranges.low_values(scope, name, self.low) if self.ranges is not None else None
-        if lowered is not None:
-            tensor.raw_data, flushed = lowered
-            tensor.data_type = self.low.onnx_type
-            if flushed:
-                self.stats.flushed[name] = self.stats.flushed.get(name, 0) + flushed
-            return
+    def _lower_values(self, scope: str, names: list[str], tensors: list[onnx.TensorProto], batch: list) -> None:
+        """Lower constants ``names`` (initializers, or Constant values by
+        their outputs' names) of the graph at ``scope``, whose tensors are
+        ``tensors``: with their values already converted when gathering the
+        constant facts (see :meth:`ConstantRanges.low_values`), else, small
+        and raw, in ``batch`` (see :meth:`_lower_batch`), else one by one."""
+        found = self.ranges.low_values(scope, names, self.low) if self.ranges is not None else [None] * len(names)
+        low, flushed = self.low.onnx_type, self.stats.flushed
+        for name, tensor, value in zip(names, tensors, found, strict=True):
+            if value is None:
+                self._lower_alone(scope, name, tensor, batch)
+                continue
+            tensor.raw_data, n = value
+            tensor.data_type = low
+            if n:
+                flushed[name] = flushed.get(name, 0) + n
+
+    def _lower_alone(self, scope: str, name: str, tensor: onnx.TensorProto, batch: list) -> None:
+        """Lower a constant whose converted values the facts do not hold."""
         raw = small_raw(tensor)
         if raw:
             batch.append((tensor, name, raw))
@@ -396,6 +405,18 @@ class Rewriter:
         external = self.ranges is not None and is_external(tensor)
         known = self.ranges.stats(scope, name, tensor) if external else None
         lower_tensor(tensor, self.low, self.stats, name, self.base_dir, known)
+
+    def _lower_constant_values(self) -> None:
+        """Lower the Constant values gathered so far (see :meth:`_lower_values`)."""
+        by_scope: dict[str, tuple[list[str], list[onnx.TensorProto]]] = {}
+        for scope, name, tensor in self._constant_values:
+            names, tensors = by_scope.setdefault(scope, ([], []))
+            names.append(name)
+            tensors.append(tensor)
+        self._constant_values.clear()
+        for scope, (names, tensors) in by_scope.items():
+            self._lower_values(scope, names, tensors, self._constants)
+        self._lower_batch(self._constants)
 
     def _lower_batch(self, batch: list[tuple[onnx.TensorProto, str, bytes]]) -> None:
         """Lower the (tensor, name, raw bytes) of ``batch`` in one pass, and empty it."""
@@ -542,7 +563,7 @@ class Rewriter:
     def _lower_constant(self, node: onnx.NodeProto, scope: str) -> None:
         for idx, a in enumerate(node.attribute):
             if a.name == "value":
-                self._lower_value(scope, node.output[0], a.t, self._constants)
+                self._constant_values.append((scope, node.output[0], a.t))
             elif a.name in ("value_float", "value_floats"):
                 values = np.array(a.f if a.name == "value_float" else list(a.floats), dtype=np.float32)
                 tensor = numpy_helper.from_array(to_low_array(values, self.low, node.output[0], self.stats))

@@ -10,7 +10,10 @@ low precision.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copyreg
+import mmap
+import pickle
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from pathlib import Path
@@ -143,8 +146,19 @@ class ConstantFacts:
     underflow_fp16: dict[int, int]  # row -> non-zero values that round to zero (rows with none are left out)
     underflow_bf16: dict[int, int]
     flushed: dict[int, int]  # row -> non-zero values that are zero in ``low_data``
-    low_data: bytes  # every row's values in the low dtype, one row after the other
+    # Every row's values in the low dtype, one row after the other (as sent
+    # by the checker child: mapped read-only from shared memory, sliced into bytes alike).
+    low_data: bytes | mmap.mmap
     ends: list[int]  # where each row's values end in ``low_data``
+
+    def __reduce_ex__(self, protocol: int) -> tuple:
+        """Pickled (protocol 5 on) with the values marked as a buffer the
+        pickle may carry out of band (see :class:`amp_convert.load.BackgroundCheck`);
+        without a place for them they are pickled as bytes."""
+        state = self.__dict__.copy()
+        if protocol >= 5 and state["low_data"]:
+            state["low_data"] = pickle.PickleBuffer(state["low_data"])
+        return copyreg.__newobj__, (type(self),), state
 
     def stats(self, row: int) -> ValueStats:
         return ValueStats(
@@ -254,6 +268,7 @@ class ConstantRanges:
         self._stats: dict[tuple[str, str], ValueStats] = {}
         # graph path -> the facts gathered there, and each name's (facts, row) in them
         self._facts: dict[str, list[ConstantFacts]] = {}
+        self._offers: dict[str, Callable[[], list[ConstantFacts] | None]] = {}  # graph path -> facts to ask for (see offer)
         self._rows: dict[str, dict[str, tuple[ConstantFacts, int]]] = {}
         # (graph path, low dtype) -> the names there that may carry an unrepresentable constant,
         # and, for those judged, why a node cannot read them low (None: it can)
@@ -281,9 +296,19 @@ class ConstantRanges:
 
     def gather(self, ctx: GraphContext, low: LowDtype) -> None:
         """Gather the facts on graph ``ctx``'s constants in ``low``, unless
-        they are (by the planner, or by the input's checker child)."""
+        they are (by the planner, or by the input's checker child: see
+        :meth:`offer`)."""
         if ctx.path not in self._facts:
-            self.adopt(ctx.path, graph_constant_facts(ctx.initializers, ctx.nodes, ctx.ops, low))
+            offered = self._offers.pop(ctx.path, None)
+            facts = offered() if offered is not None else None
+            self.adopt(ctx.path, facts if facts is not None else graph_constant_facts(ctx.initializers, ctx.nodes, ctx.ops, low))
+
+    def offer(self, scope: str, facts: Callable[[], list[ConstantFacts] | None]) -> None:
+        """Facts on the graph at path ``scope`` worked out elsewhere (by the
+        input's checker child), asked for (``facts()``) when :meth:`gather`
+        first needs them, the later the likelier they are there: None where
+        they did not come or do not fit (they are gathered here then)."""
+        self._offers[scope] = facts
 
     def adopt(self, scope: str, facts: list[ConstantFacts]) -> None:
         """Take facts gathered on the graph at path ``scope`` (here, or by the input's checker child)."""
@@ -298,18 +323,28 @@ class ConstantRanges:
         for facts in self._facts.get(scope, ()):
             facts.low_data = b""
 
-    def low_values(self, scope: str, name: str, low: LowDtype) -> tuple[bytes, int] | None:
-        """Constant ``name``'s values in ``low`` as raw bytes, and how many
-        non-zero values became zero, from the facts gathered; None where
-        they do not hold them (a value to clip, a non-finite one, another
-        dtype, not gathered)."""
-        row = self._rows.get(scope, {}).get(name)
-        if row is None:
-            return None
-        facts, k = row
-        if facts.low != low.key or not facts.finite[k] or facts.abs_max[k] > low.max or not facts.low_data:
-            return None  # (not facts.low_data: dropped; a row holds at least one value)
-        return facts.low_data[facts.ends[k - 1] if k else 0 : facts.ends[k]], facts.flushed.get(k, 0)
+    def low_values(self, scope: str, names: Iterable[str], low: LowDtype) -> list[tuple[bytes, int] | None]:
+        """Per constant of ``names``: its values in ``low`` as raw bytes, and
+        how many non-zero values became zero, from the facts gathered; None
+        where they do not hold them (a value to clip, a non-finite one,
+        another dtype, not gathered). (For many at once: a large graph lowers
+        tens of thousands.)"""
+        rows = self._rows.get(scope, {})
+        found: list[tuple[bytes, int] | None] = []
+        add = found.append
+        key, high = low.key, low.max
+        for row in map(rows.get, names):
+            if row is None:
+                add(None)
+                continue
+            facts, k = row
+            data = facts.low_data
+            if facts.low != key or not data or not facts.finite[k] or facts.abs_max[k] > high:
+                add(None)  # (not data: dropped; a row holds at least one value)
+                continue
+            ends = facts.ends
+            add((data[ends[k - 1] if k else 0 : ends[k]], facts.flushed.get(k, 0)))
+        return found
 
     def constant_behind(self, ctx: GraphContext, name: str) -> tuple[str, str, onnx.TensorProto] | None:
         """The constant whose values reach tensor ``name`` unchanged, if any:

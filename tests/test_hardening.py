@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import mmap
 import os
 import random
 import shutil
@@ -685,6 +686,65 @@ def test_what_the_checker_child_works_out_ahead_converts_as_in_process(tmp_path,
         assert rewrite["flushed"] == ({"w": 1, "shift": 1} if dtype == "fp16" else {})
         assert rewrite["clipped"] == ({"big": 1} if clip and dtype == "fp16" else {})
         assert written["plan"]["counts"] == expected.plan.counts()
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-memory", "pipe-only"])
+def test_what_the_child_works_out_comes_the_same_through_shared_memory_or_the_pipe(tmp_path, monkeypatch, shared):
+    """Where the system has a memory file, the child's large frames (the
+    columns, the facts) and the converted values the facts mark go there
+    and come back mapped; without one, all of it comes through the pipe.
+    Either way the caller gets what the child worked out, and lets go of
+    the memory file once the verdict is in."""
+    from functools import partial
+
+    from amp_convert import load
+    from amp_convert.ahead import work_ahead
+    from amp_convert.dtypes import FP16
+
+    if not shared:
+        monkeypatch.setattr(load, "_memory_file", lambda: None)
+    elif load._memory_file() is None:
+        pytest.skip("no memory file on this system")
+    built = _large_with_constants()
+    path = _save(tmp_path, built)
+    here = dict(work_ahead(path.read_bytes(), FP16))
+    loaded = load.read_model(path, lazy_external=True, background=True, ahead=partial(work_ahead, low=FP16))
+    with loaded.checked():
+        columns, facts = loaded.ahead_result("columns"), loaded.ahead_result("constants")
+    assert loaded.check._shared is None  # (closed: what was mapped stays readable)
+    assert columns == here["columns"]
+    assert [f.names for f in facts] == [f.names for f in here["constants"]]
+    for got, expected in zip(facts, here["constants"], strict=True):
+        assert isinstance(got.low_data, mmap.mmap if shared else bytes)
+        assert got.low_data[:] == expected.low_data and got.ends == expected.ends and got.abs_max == expected.abs_max
+
+
+def test_a_frame_put_in_shared_memory_does_not_wait_for_the_reader():
+    """A frame larger than the pipe holds, written where nobody reads yet:
+    with a memory file only its header goes into the pipe (the write end is
+    non-blocking here: a frame that had to wait would raise); read back, it
+    is the value written, its marked buffer mapped, not copied."""
+    import pickle
+
+    from amp_convert import load
+
+    shared = load._memory_file()
+    if shared is None:
+        pytest.skip("no memory file on this system")
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        names = [f"tensor_{k}" for k in range(100_000)]  # (a pickle of over a megabyte)
+        values = bytes(range(256)) * 40_000
+        out = load._SharedOut(shared)
+        load._write_frame(write_end, ("big", (names, pickle.PickleBuffer(values))), out)
+        load._write_frame(write_end, ("small", 7), out)
+        name, (got_names, got_values) = load._read_frame(read_end, shared)
+        assert name == "big" and got_names == names and isinstance(got_values, mmap.mmap) and got_values[:] == values
+        assert load._read_frame(read_end, shared) == ("small", 7)
+    finally:
+        for fd in (read_end, write_end, shared):
+            os.close(fd)
 
 
 def test_what_was_worked_out_elsewhere_is_taken_only_where_it_fits():

@@ -136,20 +136,22 @@ def test_constants_converted_in_the_batched_pass_are_what_converting_each_gives(
     for chunk in (1 << 22, 50):
         ranges = ConstantRanges()
         ranges.adopt("g", chunked_facts(tensors, low, most=256, chunk=chunk))
-        for name, a in arrays.items():
-            found = ranges.low_values("g", name, low)
+        names = [*arrays, "int"]
+        batch = ranges.low_values("g", names, low)
+        assert batch == [ranges.low_values("g", [name], low)[0] for name in names]  # (the same, asked one by one)
+        for (name, a), found in zip(arrays.items(), batch, strict=False):
             if name in ("nan", "large") or (name == "big" and low is FP16):
                 assert found is None, name
                 continue
             alone = RewriteStats()
             lower_tensor(init(name, a), low, alone)
             assert found == (a.astype(low.numpy).tobytes(), alone.flushed.get(name, 0)), name
-        assert ranges.low_values("g", "int", low) is None and ranges.low_values("other", "w1", low) is None
+        assert batch[-1] is None and ranges.low_values("other", ["w1"], low) == [None]
         other = BF16 if low is FP16 else FP16
-        assert ranges.low_values("g", "w1", other) is None  # (converted to another dtype: not handed over)
-    assert ranges.low_values("g", "tiny", low)[1] == (4 if low is FP16 else 1)
+        assert ranges.low_values("g", ["w1"], other) == [None]  # (converted to another dtype: not handed over)
+    assert ranges.low_values("g", ["tiny"], low)[0][1] == (4 if low is FP16 else 1)
     ranges.drop_values("g")  # (once the graph is rewritten: the values go, the statistics stay)
-    assert ranges.low_values("g", "w1", low) is None and ranges.known("g", "w1") == value_stats(arrays["w1"])
+    assert ranges.low_values("g", ["w1"], low) == [None] and ranges.known("g", "w1") == value_stats(arrays["w1"])
 
 
 def test_nodes_resolved_backwards_like_an_earlier_one_still_face_the_safety_rules():
