@@ -376,16 +376,33 @@ def tensor_names(root: GraphContext) -> set[str]:
     return names
 
 
-class NameGenerator:
-    """Deterministic unique names: ``base`` if free, else ``base_1``, ``base_2`` ..."""
+def name_in_use(root: GraphContext) -> Callable[[str], bool]:
+    """Whether a name is a tensor of the indexed model, subgraphs included:
+    one a graph defines (node output, initializer, input) or lists as an
+    output. What the nodes of a valid model read is among these (the input
+    checker refuses a name read and never defined), so a name not in use
+    here is as new as by :func:`tensor_names`, whose set of every name
+    costs a pass over every input slot; this asks a few dicts per name."""
+    graphs = [(ctx.producer, ctx.initializers, ctx.input_set, frozenset(ctx.output_names)) for ctx in root.walk()]
+    if len(graphs) == 1:
+        producer, initializers, inputs, outputs = graphs[0]
+        return lambda name: name in producer or name in initializers or name in inputs or name in outputs
+    return lambda name: any(name in names for graph in graphs for names in graph)
 
-    def __init__(self, taken: set[str]):
-        self._taken = taken
+
+class NameGenerator:
+    """Deterministic unique names: ``base`` if free, else ``base_1``, ``base_2`` ...
+    ``taken``: the names in use, a set (the new ones are added to it) or a
+    test (see :func:`name_in_use`)."""
+
+    def __init__(self, taken: set[str] | Callable[[str], bool]):
+        self._made = taken if isinstance(taken, set) else set()
+        self._in_use = (lambda name: False) if isinstance(taken, set) else taken
 
     def __call__(self, base: str) -> str:
         name, i = base, 0
-        while name in self._taken:
+        while name in self._made or self._in_use(name):
             i += 1
             name = f"{base}_{i}"
-        self._taken.add(name)
+        self._made.add(name)
         return name

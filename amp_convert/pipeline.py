@@ -24,7 +24,7 @@ from .check import CHECK_MODES, check_converted
 from .cleanup import cast_triples, clean_up, count_casts, indexed_casts
 from .errors import ConversionError
 from .external import has_external, is_external
-from .graph import NameGenerator, build_context, tensor_names
+from .graph import NameGenerator, build_context, name_in_use
 from .load import check_input_model, check_versions, load_model
 from .opset import check_target_opset, upgrade_opset
 from .options import ConvertOptions
@@ -193,7 +193,7 @@ def _convert(
     if keep is not None:  # (a graph's index is millions of small objects: freeing them takes a tenth of the run)
         keep.extend((ctx, ranges, input_casts))
     if options.effective_level != "O0":
-        rewriter = Rewriter(plan, options.low, options.io_types, NameGenerator(tensor_names(ctx)), base_dir, ranges)
+        rewriter = Rewriter(plan, options.low, options.io_types, NameGenerator(name_in_use(ctx)), base_dir, ranges)
         result.stats = rewriter.run(ctx)
         timer.lap("rewrite")
         if keep is not None:

@@ -158,6 +158,27 @@ def test_gathered_readers_are_those_of_the_whole_index(name):
         assert ctx.consumers == every
 
 
+@pytest.mark.parametrize("name", CASES)
+def test_names_in_use_are_the_names_of_the_model(name):
+    """The rewrite's new names are checked a few dicts at a time, not
+    against the set of every name: on a valid model both say the same of
+    every name the model has (read, defined or listed, in any graph), and
+    of names it does not; new names never repeat one in use or made."""
+    from amp_convert.graph import NameGenerator, name_in_use, tensor_names
+
+    root = build_context(_load(name).graph)
+    every = tensor_names(root) - {""}
+    in_use = name_in_use(root)
+    assert all(map(in_use, every))
+    strangers = [f"{n}_fresh" for n in sorted(every)[:50]] + ["", "no such tensor"]
+    assert [in_use(n) for n in strangers] == [n in every for n in strangers]
+    bases = [*sorted(every)[:20], "cast", "cast", "cast"]
+    made, from_set = NameGenerator(in_use), NameGenerator(set(every))
+    new = [made(base) for base in bases]
+    assert len(set(new)) == len(new) and not every.intersection(new) and new[-3:] == ["cast", "cast_1", "cast_2"]
+    assert [from_set(base) for base in bases] == new  # (the set of every name says the same)
+
+
 @pytest.mark.parametrize("name", ["zoo:gpt2", "zoo:controlflow", "odd"])
 def test_plan_columns_and_tally_agree_with_the_entries(name):
     """Most entries are held as a shared decision and made when read: the
