@@ -49,6 +49,8 @@ class GraphContext:
     assumed_float: set[str] = field(default_factory=set)  # undeclared outputs of white-listed custom ops
     _input_slots: SlotTable | None = None
     _output_slots: SlotTable | None = None
+    _tensors: TensorTable | None = None
+    _tensor_types: np.ndarray | None = None
     _op_codes: tuple[np.ndarray, int] | None = None
     _input_types: np.ndarray | None = None
     _names: list[str] | None = None
@@ -108,7 +110,8 @@ class GraphContext:
             return
         table = self.input_slots()
         found: dict[str, list[tuple[int, int]]] = {name: [] for name in wanted}
-        hits = np.flatnonzero(np.fromiter(map(wanted.__contains__, table.names), bool, len(table.names)))
+        tensors = self.tensors()
+        hits = np.flatnonzero(tensors.over_slots(tensors.marks(wanted), wanted.__contains__))
         for name, node, slot in zip(
             map(table.names.__getitem__, hits.tolist()), table.node[hits].tolist(), table.slot[hits].tolist(), strict=True
         ):
@@ -134,10 +137,29 @@ class GraphContext:
         (UNTYPED where it holds none), looked up once for the planner and
         the rewriter: asked for once the types are inferred. Read-only."""
         if self._input_types is None:
-            names = self.input_slots().names
-            self._input_types = np.fromiter(map(self.types.get, names, repeat(UNTYPED)), np.int64, len(names))
+            self._input_types = self.tensors().over_slots(self.tensor_types(), self._slot_type)
             self._input_types.flags.writeable = False
         return self._input_types
+
+    def _slot_type(self, name: str) -> int:
+        return self.types.get(name, UNTYPED)
+
+    def tensor_types(self) -> np.ndarray:
+        """Each tensor's element type (see :meth:`tensors`) in this graph's
+        type table, UNTYPED where it holds none: asked for once the types
+        are inferred. Read-only."""
+        if self._tensor_types is None:
+            names = self.tensors().names
+            self._tensor_types = np.fromiter(map(self.types.get, names, repeat(UNTYPED)), np.int64, len(names))
+            self._tensor_types.flags.writeable = False
+        return self._tensor_types
+
+    def tensors(self) -> TensorTable:
+        """The graph's tensors, numbered, and the number each input slot
+        reads (made on first use)."""
+        if self._tensors is None:
+            self._tensors = tensor_table(self)
+        return self._tensors
 
     def op_codes(self) -> tuple[np.ndarray, int]:
         """A number per node for its (op, domain), and how many there are."""
@@ -177,6 +199,46 @@ class SlotTable:
     node: np.ndarray
     slot: np.ndarray
     counts: np.ndarray  # slots per node
+
+
+@dataclass(frozen=True)
+class TensorTable:
+    """The tensors a graph holds, numbered: its nodes' outputs (in output
+    slot order), its initializers, its inputs; and the number of the tensor
+    each input slot reads (-1 for a name the graph does not hold: an absent
+    input, an outer value). A question about the names the slots read is
+    then asked once per tensor, not once per slot (a tensor is read about
+    twice), and a question about a few names costs a few lookups."""
+
+    names: list[str]  # by number (a name held twice is at two numbers: slots read its last)
+    number: dict[str, int]  # name -> its (last) number
+    of_slot: np.ndarray  # input slot -> number of its tensor, or -1
+    slot_names: list[str]  # (the input slots' names, as SlotTable.names)
+
+    def over_slots(self, per_tensor: np.ndarray, ask: Callable[[str], object]) -> np.ndarray:
+        """A value per input slot: its tensor's in ``per_tensor``, or
+        ``ask(name)`` for a name the graph does not hold."""
+        spread = np.append(per_tensor, per_tensor.dtype.type(0))[self.of_slot]  # (-1: the padding, replaced below)
+        unheld = np.flatnonzero(self.of_slot < 0)
+        if unheld.size:
+            names = self.slot_names
+            spread[unheld] = [ask(names[k]) for k in unheld.tolist()]
+        return spread
+
+    def marks(self, names: Iterable[str]) -> np.ndarray:
+        """Per tensor: whether its name is one of ``names``."""
+        marked = np.zeros(len(self.names) + 1, bool)  # (the last for names not held: -1)
+        marked[np.fromiter(map(self.number.get, names, repeat(-1)), np.int64)] = True
+        return marked[:-1]
+
+
+def tensor_table(ctx: GraphContext) -> TensorTable:
+    names = [*ctx.output_slots().names, *ctx.initializers, *ctx.input_names]
+    number = dict(zip(names, range(len(names)), strict=True))
+    number.pop("", None)  # (an absent output: nothing reads it)
+    slot_names = ctx.input_slots().names
+    of_slot = np.fromiter(map(number.get, slot_names, repeat(-1)), np.int64, len(slot_names))
+    return TensorTable(names, number, of_slot, slot_names)
 
 
 @dataclass(frozen=True)

@@ -287,9 +287,12 @@ def _read_frame(fd: int, shared: int | None = None) -> tuple[str, object] | None
 
 
 def _mapped(shared: int | None, offset: int, length: int) -> mmap.mmap | bytes:
+    """A read-only map of ``length`` bytes of the memory file, its pages
+    mapped at once (all of it is read: page by page, first reads cost twice)."""
     if shared is None:
         raise ValueError("a frame with shared buffers, but no memory file")
-    return mmap.mmap(shared, length, prot=mmap.PROT_READ, offset=offset) if length else b""
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    return mmap.mmap(shared, length, flags=flags, prot=mmap.PROT_READ, offset=offset) if length else b""
 
 
 def _read_exactly(fd: int, n: int) -> bytearray | None:

@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from itertools import chain, repeat
+from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -785,7 +785,8 @@ def _all_float_slots(ctx: GraphContext) -> tuple[list[tuple[tuple[int, ...], tup
     if not n:
         return [], np.zeros(0, np.int64)
     outputs = ctx.output_slots()
-    output_types = np.fromiter(map(ctx.types.get, outputs.names, repeat(0)), np.int64, len(outputs.names))  # (untyped: unknown)
+    output_types = ctx.tensor_types()[: len(outputs.names)]  # (the first tensors are the outputs)
+    output_types = np.where(output_types == UNTYPED, 0, output_types)  # (untyped: unknown)
     in_codes, in_odd = _slot_codes(ctx.input_slots(), ctx.input_types().copy())
     out_codes, out_odd = _slot_codes(outputs, output_types)
     in_kinds, in_index = np.unique(in_codes, return_inverse=True)

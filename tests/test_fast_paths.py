@@ -159,6 +159,32 @@ def test_gathered_readers_are_those_of_the_whole_index(name):
 
 
 @pytest.mark.parametrize("name", CASES)
+def test_the_tensor_table_answers_for_each_slot_what_its_name_does(name):
+    """Questions about the names the input slots read are asked once per
+    tensor and spread over the slots: for every graph (bodies too, whose
+    slots read outer values the table does not hold) the answers are, slot
+    by slot, those of asking each slot's name: types, a few names' readers,
+    the initializers read, the tensors retyped."""
+    from itertools import repeat
+
+    from amp_convert.graph import UNTYPED
+    from amp_convert.typeinfo import infer_types
+
+    model = _load(name)
+    root = build_context(model.graph)
+    infer_types(root, model_opsets(model))
+    for ctx in root.walk():
+        table, slot_names = ctx.tensors(), ctx.input_slots().names
+        for k, number in enumerate(table.of_slot.tolist()):
+            assert (table.names[number] == slot_names[k]) if number >= 0 else slot_names[k] not in table.number
+        per_slot = np.fromiter(map(ctx.types.get, slot_names, repeat(UNTYPED)), np.int64, len(slot_names))
+        assert ctx.input_types().tolist() == per_slot.tolist(), ctx.path
+        for some in (set(slot_names[::3]), set(ctx.initializers), {*ctx.free_names, ""}, set()):
+            spread = table.over_slots(table.marks(some), some.__contains__)
+            assert spread.tolist() == [n in some for n in slot_names], ctx.path
+
+
+@pytest.mark.parametrize("name", CASES)
 def test_names_in_use_are_the_names_of_the_model(name):
     """The rewrite's new names are checked a few dicts at a time, not
     against the set of every name: on a valid model both say the same of
