@@ -15,7 +15,6 @@ import mmap
 import pickle
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import compress
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -170,12 +169,13 @@ class ConstantFacts:
             0,
         )
 
-    def unremarkable(self, low: LowDtype) -> set[str]:
-        """Names of the rows ``low`` holds as they are: finite, within range, nothing flushed."""
-        fits = [ok and high <= low.max for ok, high in zip(self.finite, self.abs_max, strict=True)]
-        for row in self.underflow_fp16 if low.key == "fp16" else self.underflow_bf16:
-            fits[row] = False
-        return set(compress(self.names, fits))
+    def remarkable(self, low: LowDtype) -> set[str]:
+        """Names of the rows ``low`` does not hold as they are: not finite,
+        out of range, or with values flushed (few, usually none)."""
+        high = low.max
+        rows = {k for k, (ok, top) in enumerate(zip(self.finite, self.abs_max, strict=True)) if not ok or top > high}
+        rows.update(self.underflow_fp16 if low.key == "fp16" else self.underflow_bf16)
+        return {self.names[k] for k in rows}
 
 
 def constant_facts(names: list[str], blobs: list[bytes], low: LowDtype) -> ConstantFacts:
@@ -403,18 +403,27 @@ class ConstantRanges:
             stats, path = self._stats, ctx.path
             self._verdicts.setdefault(key, {})
             names = set(ctx.free_names)
-            fine: set[str] = set()
+            # The constants the facts hold and ``low`` holds as they are are fine: the rest are looked at.
+            gathered, remarkable = self._rows.get(path, {}), set()
             for facts in self._facts.get(path, ()):
-                fine |= facts.unremarkable(low)
-            names.update(n for n in set(ctx.initializers).difference(fine) if not _unremarkable(stats.get((path, n)), low))
+                remarkable |= facts.remarkable(low)
+            looked_at = set(ctx.initializers).difference(gathered) | remarkable.intersection(ctx.initializers)
+            names.update(n for n in looked_at if not _unremarkable(stats.get((path, n)), low))
             ops, all_ins, all_outs = ctx.ops, ctx.ins, ctx.outs
-            for i in [i for i, op in enumerate(ops) if op in _CONSTANT_CARRIERS]:  # (in graph order: chains pass on)
-                op, node_ins, outs = ops[i], all_ins[i], all_outs[i]
+            carriers = [i for i, op in enumerate(ops) if op in _CONSTANT_CARRIERS]
+            for i in carriers:
+                op, outs = ops[i], all_outs[i]
                 if op == "Constant":  # (primed like an initializer: see constant_values)
-                    if outs and outs[0] not in fine and not _unremarkable(stats.get((path, outs[0])), low):
+                    looked = outs and (outs[0] not in gathered or outs[0] in remarkable)
+                    if looked and not _unremarkable(stats.get((path, outs[0])), low):
                         names.update(outs)
-                elif op == "ConstantOfShape" or (node_ins and node_ins[0] in names):
+                elif op == "ConstantOfShape":
                     names.update(outs)
+            if names:  # (what the ops passing a constant on make of these, in graph order: chains pass on)
+                for i in carriers:
+                    node_ins = all_ins[i]
+                    if ops[i] in PASS_THROUGH_OPS and node_ins and node_ins[0] in names:
+                        names.update(all_outs[i])
             types = ctx.types
             found = self._suspects[key] = frozenset(n for n in names if types.get(n, onnx.TensorProto.FLOAT) in _MAYBE_FLOAT)
         return found
