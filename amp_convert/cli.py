@@ -575,24 +575,13 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     one_file = write and not input_external and kw["external_data"] != "always"
     measured = payload(result.model, may_be_external=not one_file)
     size_after = measured.total
-    if write:
-        mode = kw["external_data"]
-        external = mode == "always" or (mode == "auto" and (input_external or size_after > PROTOBUF_LIMIT))
-        deferred = result.check_deferred
-
-        def verify(path: Path) -> None:
-            if deferred:  # too large to check in memory: check the written file before it replaces anything
-                check_file(path, kw["check"])
-
-        save_model(result.model, output, external=external, source_dir=folder, before_commit=verify, measured=measured)
-        data = output.with_name(f"{output.name}.data")
-        size_after = output.stat().st_size + (data.stat().st_size if external and data.is_file() else 0)
     timings = dict(result.timings)
     if validation is not None:
         timings["validate"] = validation.seconds
     if searched is not None:
         timings = {"auto_search": searched.seconds}
-    report = build_report(
+    report_of = partial(
+        build_report,
         command="convert",
         model_path=model,
         model_nodes=node_count,
@@ -604,10 +593,35 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         inputs=None if source is None else source.describe(),
         timings=timings,
         size_before=size_before,
-        size_after=size_after,
         exit_code=exit_code,
         auto=None if searched is None else searched.as_dict(),
     )
+    made: list[dict] = []
+    if write:
+        mode = kw["external_data"]
+        external = mode == "always" or (mode == "auto" and (input_external or size_after > PROTOBUF_LIMIT))
+        deferred = result.check_deferred
+
+        def verify(path: Path) -> None:
+            if deferred:  # too large to check in memory: check the written file before it replaces anything
+                check_file(path, kw["check"])
+
+        # Written as the bytes measured, the file's size is known: the report is made while the file is flushed to disk.
+        exact = not external and measured.serialized is not None
+        meanwhile = (lambda: made.append(report_of(size_after=size_after))) if exact else None
+        save_model(
+            result.model,
+            output,
+            external=external,
+            source_dir=folder,
+            before_commit=verify,
+            measured=measured,
+            meanwhile=meanwhile,
+        )
+        if not exact:
+            data = output.with_name(f"{output.name}.data")
+            size_after = output.stat().st_size + (data.stat().st_size if external and data.is_file() else 0)
+    report = made[0] if made else report_of(size_after=size_after)
     _emit_reports(report, kw)
     if not kw["quiet"] and not kw["json_out"]:
         c = report["plan"]["counts"]

@@ -133,6 +133,30 @@ def _keep_mode(target: Path, tmp: Path) -> None:
     os.chmod(tmp, mode)
 
 
+def _flush_to_disk(path: Path, meanwhile: Callable[[], None] | None) -> None:
+    """fsync ``path``; with ``meanwhile``, on another thread while it runs
+    here (the fsync waits on the disk, not on the interpreter)."""
+    if meanwhile is None:
+        with open(path, "rb+") as f:
+            os.fsync(f.fileno())
+        return
+    failed: list[OSError] = []
+
+    def flush() -> None:
+        try:
+            with open(path, "rb+") as f:
+                os.fsync(f.fileno())
+        except OSError as e:
+            failed.append(e)
+
+    flusher = threading.Thread(target=flush, name="amp-convert-fsync", daemon=True)
+    flusher.start()
+    meanwhile()  # (raising: the caller removes the file; the thread, a daemon, is left to end)
+    flusher.join()
+    if failed:
+        raise failed[0]
+
+
 def _fsync_folder(folder: Path) -> None:
     """Make the rename durable; not every platform or filesystem allows it."""
     try:
@@ -148,11 +172,13 @@ def _fsync_folder(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(target: str | os.PathLike, meanwhile: Callable[[], None] | None = None) -> Iterator[Path]:
     """Yield a temporary path beside ``target``; rename it over ``target``
     only if the block completes. Errors writing become AmpError (one line);
     signals become WriteInterrupted; the temporary file never outlives the
-    block (except after SIGKILL)."""
+    block (except after SIGKILL). ``meanwhile`` runs (in this thread) while
+    the written file is flushed to disk, before the rename: what it raises
+    leaves the target as it was."""
     target = Path(target)
     folder = check_output_path(target)
     tmp_path: Path | None = None
@@ -162,8 +188,7 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
                 tmp_path = _create_temporary(folder, target.name)
             yield tmp_path
             _keep_mode(target, tmp_path)
-            with open(tmp_path, "rb+") as f:
-                os.fsync(f.fileno())
+            _flush_to_disk(tmp_path, meanwhile)
             with interrupts.held():  # nor between the rename and forgetting the file
                 os.replace(tmp_path, target)
                 tmp_path = None
@@ -184,6 +209,7 @@ def save_model(
     source_dir: str | os.PathLike | None = None,
     before_commit: Callable[[Path], None] | None = None,
     measured: Payload | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> None:
     """Write ``model`` to ``path`` atomically.
 
@@ -193,7 +219,9 @@ def save_model(
     one file, which protobuf limits to 2 GiB. ``before_commit`` sees the
     written model (with its data file beside it) before it replaces
     anything; raising there writes nothing. ``measured``: the model's
-    :func:`payload` when the caller has measured it already.
+    :func:`payload` when the caller has measured it already. ``meanwhile``:
+    run once the model is written, before it replaces anything (while it is
+    flushed to disk, where it is one file); raising there writes nothing.
     """
     target = Path(path)
     source = Path(source_dir) if source_dir is not None else None
@@ -207,7 +235,7 @@ def save_model(
                 f"{path}: the converted model is over 2 GiB, more than a single .onnx file can hold; "
                 "use --external-data auto or always; nothing was written"
             )
-        with atomic_path(target) as tmp:
+        with atomic_path(target, meanwhile) as tmp:
             write_model_file(model, tmp, measured.serialized)
             if before_commit is not None:
                 before_commit(tmp)
@@ -217,6 +245,8 @@ def save_model(
         write_with_external_data(model, stage / target.name, data_name, source)
         if before_commit is not None:
             before_commit(stage / target.name)
+        if meanwhile is not None:
+            meanwhile()
 
 
 def write_model_file(model: onnx.ModelProto, path: Path, serialized: bytes | None = None) -> None:

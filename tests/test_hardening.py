@@ -1160,6 +1160,52 @@ def test_save_failure_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"]
 
 
+@pytest.mark.parametrize("external", [False, True], ids=["one-file", "external-data"])
+def test_work_done_while_the_output_is_flushed_sees_it_written_and_not_yet_in_place(tmp_path, external):
+    """``meanwhile`` (the CLI makes its report there) runs once the model is
+    written and before it replaces anything; when it raises, the old file
+    stays and no temporary is left."""
+    from amp_convert.external import payload
+
+    model = onnx.load(str(ZOO / "lstm.onnx"))
+    target = tmp_path / "out.onnx"
+    target.write_bytes(OLD)
+    measured = payload(model, may_be_external=False)
+    seen: list[tuple[bytes, list[bytes]]] = []
+
+    def look() -> None:
+        # (the model written: a temporary file beside the target, or out.onnx in a staging folder)
+        written = [p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p != target and p.suffix != ".data"]
+        seen.append((target.read_bytes(), written))
+
+    save_model(model, target, external=external, measured=None if external else measured, meanwhile=look)
+    ((old, written),) = seen
+    assert old == OLD and len(written) == 1 and target.read_bytes() == written[0]  # (in place after, not before)
+    if not external:
+        assert written[0] == measured.serialized
+
+    def failing() -> None:
+        raise RuntimeError("the report could not be made")
+
+    target.write_bytes(OLD)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}  # (with the data file the first write left)
+    with pytest.raises(RuntimeError, match="could not be made"):  # (a fresh model: writing external data moves its tensors)
+        save_model(onnx.load(str(ZOO / "lstm.onnx")), target, external=external, meanwhile=failing)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+@pytest.mark.parametrize("external", [[], ["--external-data", "always"]], ids=["one-file", "external-data"])
+def test_the_report_gives_the_size_written(tmp_path, external):
+    """The report of a one-file output is made while the file is flushed,
+    from the bytes written: its size after is the files' size all the same."""
+    out, report = tmp_path / "out.onnx", tmp_path / "report.json"
+    proc = cli(ZOO / "lstm.onnx", "-o", out, "--no-validate", "--report", report, *external)
+    assert proc.returncode == 0, proc.stderr
+    files = sum(p.stat().st_size for p in tmp_path.glob("out.onnx*"))
+    assert (tmp_path / "out.onnx.data").exists() == bool(external)
+    assert json.loads(report.read_text())["size"]["after_bytes"] == files
+
+
 def test_outputs_get_ordinary_permissions_and_signal_handlers_are_restored(tmp_path):
     umask = os.umask(0o022)
     os.umask(umask)
