@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .errors import AmpError
 from .external import read_array
-from .graph import GraphContext, NameGenerator, build_context, tensor_names
+from .graph import GraphContext, NameGenerator, build_context, name_in_use
 from .schema import model_opsets
 from .typeinfo import infer_types
 
@@ -88,7 +88,7 @@ def emulation_twin(model: onnx.ModelProto, base_dir: Path | None = None) -> onnx
     twin.CopyFrom(model)
     ctx = build_context(twin.graph)
     infer_types(ctx, model_opsets(twin))
-    names = NameGenerator(tensor_names(ctx))
+    names = NameGenerator(name_in_use(ctx))
     _rewrite_inner_first(ctx, names, base_dir)
     return twin
 

@@ -8,7 +8,7 @@ keeps the converter linear in the number of nodes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 
@@ -110,8 +110,7 @@ class GraphContext:
             return
         table = self.input_slots()
         found: dict[str, list[tuple[int, int]]] = {name: [] for name in wanted}
-        tensors = self.tensors()
-        hits = np.flatnonzero(tensors.over_slots(tensors.marks(wanted), wanted.__contains__))
+        hits = np.flatnonzero(self.tensors().slots_in(wanted))
         for name, node, slot in zip(
             map(table.names.__getitem__, hits.tolist()), table.node[hits].tolist(), table.slot[hits].tolist(), strict=True
         ):
@@ -225,11 +224,17 @@ class TensorTable:
             spread[unheld] = [ask(names[k]) for k in unheld.tolist()]
         return spread
 
-    def marks(self, names: Iterable[str]) -> np.ndarray:
-        """Per tensor: whether its name is one of ``names``."""
+    def slots_in(self, names: Collection[str]) -> np.ndarray:
+        """Per input slot: whether its name is one of ``names`` (a lookup per name)."""
         marked = np.zeros(len(self.names) + 1, bool)  # (the last for names not held: -1)
         marked[np.fromiter(map(self.number.get, names, repeat(-1)), np.int64)] = True
-        return marked[:-1]
+        return self.over_slots(marked[:-1], names.__contains__)
+
+    def slot_values(self, values: dict[str, int]) -> np.ndarray:
+        """Per input slot: its name's value in ``values``, -1 for a name not there (a lookup per name)."""
+        per_tensor = np.full(len(self.names) + 1, -1)  # (the last for names not held: -1)
+        per_tensor[np.fromiter(map(self.number.get, values, repeat(-1)), np.int64, len(values))] = list(values.values())
+        return self.over_slots(per_tensor[:-1], lambda name: values.get(name, -1))
 
 
 def tensor_table(ctx: GraphContext) -> TensorTable:
@@ -454,12 +459,11 @@ def name_in_use(root: GraphContext) -> Callable[[str], bool]:
 
 class NameGenerator:
     """Deterministic unique names: ``base`` if free, else ``base_1``, ``base_2`` ...
-    ``taken``: the names in use, a set (the new ones are added to it) or a
-    test (see :func:`name_in_use`)."""
+    ``in_use``: whether a name is the model's (see :func:`name_in_use`)."""
 
-    def __init__(self, taken: set[str] | Callable[[str], bool]):
-        self._made = taken if isinstance(taken, set) else set()
-        self._in_use = (lambda name: False) if isinstance(taken, set) else taken
+    def __init__(self, in_use: Callable[[str], bool]):
+        self._made: set[str] = set()
+        self._in_use = in_use
 
     def __call__(self, base: str) -> str:
         name, i = base, 0

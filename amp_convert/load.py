@@ -110,9 +110,7 @@ class BackgroundCheck:
                 warnings.simplefilter("ignore", DeprecationWarning)
                 pid = os.fork()
         except OSError:  # (out of memory or processes)
-            for fd in (read_end, write_end, shared):
-                if fd is not None:
-                    os.close(fd)
+            _close_all(read_end, write_end, shared)
             return None
         if pid == 0:  # the child: work ahead, check, write what it found, leave without running any cleanup
             try:
@@ -204,10 +202,7 @@ class BackgroundCheck:
 
     def _close(self) -> None:
         """Close the pipe and the memory file (what was mapped from it stays)."""
-        for fd in (self._read_end, self._shared):
-            if fd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        _close_all(self._read_end, self._shared)
         self._shared = None
         self._ahead.clear()
 
@@ -220,6 +215,13 @@ _AHEAD_DONE, _VERDICT = "\0ahead-done", "\0verdict"
 _FRAME_HEADER = struct.Struct("<QI")
 _BUFFER_PLACE = struct.Struct("<QQ")
 _PIPE_PICKLE_MOST = 1 << 14  # (a larger pickle goes to shared memory, where there is some: a pipe holds 64 KiB)
+
+
+def _close_all(*fds: int | None) -> None:
+    for fd in fds:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def _memory_file() -> int | None:

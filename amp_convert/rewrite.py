@@ -229,8 +229,7 @@ def _nodes_to_visit(
     n, count = len(ctx.ins), len(flat)
     # Each input's tensor: its type, or _RETYPED if it was float32 and is low now.
     t = ctx.input_types().copy()
-    tensors = ctx.tensors()
-    t[tensors.over_slots(tensors.marks(changed), changed.__contains__)] = _RETYPED
+    t[ctx.tensors().slots_in(changed)] = _RETYPED
     look = np.where(reads.low, t == FLOAT, t == _RETYPED)  # read low but float32, or read float32 but now low
     look |= (t == UNTYPED) | reads.odd
     if ctx.parent is not None:
@@ -435,11 +434,9 @@ class Rewriter:
         subgraph capturing it, a graph output of that name."""
         if not names:
             return iter(())
-        table, tensors = ctx.input_slots(), ctx.tensors()
+        table = ctx.input_slots()
         index = {name: k for k, name in enumerate(names) if name}
-        of_tensor = np.full(len(tensors.names) + 1, -1)  # (the last for names not held)
-        of_tensor[np.fromiter(map(tensors.number.get, index, repeat(-1)), np.int64, len(index))] = list(index.values())
-        at = tensors.over_slots(of_tensor[:-1], lambda name: index.get(name, -1))
+        at = ctx.tensors().slot_values(index)
         read = at >= 0
         custom_domains = {domain for domain in set(ctx.domains) if not is_default_domain(domain)}
         custom = [i for i, domain in enumerate(ctx.domains) if domain in custom_domains] if custom_domains else []

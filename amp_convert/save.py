@@ -133,19 +133,22 @@ def _keep_mode(target: Path, tmp: Path) -> None:
     os.chmod(tmp, mode)
 
 
+def _fsync(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
 def _flush_to_disk(path: Path, meanwhile: Callable[[], None] | None) -> None:
     """fsync ``path``; with ``meanwhile``, on another thread while it runs
     here (the fsync waits on the disk, not on the interpreter)."""
     if meanwhile is None:
-        with open(path, "rb+") as f:
-            os.fsync(f.fileno())
+        _fsync(path)
         return
     failed: list[OSError] = []
 
     def flush() -> None:
         try:
-            with open(path, "rb+") as f:
-                os.fsync(f.fileno())
+            _fsync(path)
         except OSError as e:
             failed.append(e)
 
