@@ -28,16 +28,17 @@ def check_converted(model: onnx.ModelProto, mode: str = "full") -> bool:
 
 def check_file(path: str | os.PathLike, mode: str = "full") -> None:
     """The checker on a written model (external data resolved beside it).
-    The full check is the basic check on the file plus strict shape inference
-    on the graph without its tensor data (onnx's own full check would read all
-    the external data into memory)."""
+    The full check is the basic check on the file plus strict shape and type
+    inference on the graph without its tensor data: what onnx's own full
+    check runs (``check_type`` included: each op's inputs must be of types
+    its schema allows), which would read all the external data into memory."""
     if mode == "none":
         return
     _run_checker(os.fspath(path), "basic")
     if mode == "full":
         try:
             graph_only = onnx.load(os.fspath(path), load_external_data=False)
-            onnx.shape_inference.infer_shapes(graph_only, strict_mode=True)
+            onnx.shape_inference.infer_shapes(graph_only, check_type=True, strict_mode=True)
         except (onnx.shape_inference.InferenceError, ValueError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ConversionError(f"the converted model fails the ONNX checker: {first}") from e

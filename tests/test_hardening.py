@@ -1474,3 +1474,29 @@ def test_converting_again_in_bf16_adds_no_casts(level):
         once = convert(entry["path"], level=level, dtype="bf16").model
         twice = convert(once, level=level, dtype="bf16").model
         assert count_casts(twice) == count_casts(once), name
+
+
+def test_the_check_of_a_written_file_checks_types_as_onnx_full_check_does(tmp_path):
+    """A model that strict shape inference passes but whose op reads a type
+    its schema does not allow (RandomNormalLike has no bfloat16 input) fails
+    the written file's full check, as ``check_model(full_check=True)`` does:
+    the CLI checks files, and must not write what the API would refuse."""
+    from amp_convert.check import check_file
+    from amp_convert.errors import ConversionError
+
+    graph = helper.make_graph(
+        [helper.make_node("RandomNormalLike", ["x"], ["y"], dtype=TensorProto.FLOAT)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.shape_inference.infer_shapes(m, strict_mode=True)  # (passes without the type check)
+    with pytest.raises(onnx.shape_inference.InferenceError):
+        onnx.checker.check_model(m, full_check=True)
+    path = tmp_path / "m.onnx"
+    onnx.save(m, path)
+    check_file(path, "basic")
+    with pytest.raises(ConversionError, match=r"fails the ONNX checker.*RandomNormalLike"):
+        check_file(path, "full")
