@@ -444,16 +444,21 @@ def tensor_names(root: GraphContext) -> set[str]:
 
 
 def name_in_use(root: GraphContext) -> Callable[[str], bool]:
-    """Whether a name is a tensor of the indexed model, subgraphs included:
-    one a graph defines (node output, initializer, input) or lists as an
-    output. What the nodes of a valid model read is among these (the input
-    checker refuses a name read and never defined), so a name not in use
-    here is as new as by :func:`tensor_names`, whose set of every name
-    costs a pass over every input slot; this asks a few dicts per name."""
-    graphs = [(ctx.producer, ctx.initializers, ctx.input_set, frozenset(ctx.output_names)) for ctx in root.walk()]
+    """Whether a name is taken in the indexed model, subgraphs included: a
+    tensor a graph defines (node output, initializer, input) or lists as an
+    output, or a node's name. New tensors and new nodes take names none of
+    these hold (onnxruntime refuses two nodes of one name). What the nodes
+    of a valid model read is among the tensors (the input checker refuses a
+    name read and never defined), so a name not in use here is as new as by
+    :func:`tensor_names`, whose set of every name costs a pass over every
+    input slot; this asks a few dicts per name."""
+    graphs = [
+        (ctx.producer, ctx.initializers, ctx.input_set, frozenset(ctx.output_names), frozenset(ctx.node_names()))
+        for ctx in root.walk()
+    ]
     if len(graphs) == 1:
-        producer, initializers, inputs, outputs = graphs[0]
-        return lambda name: name in producer or name in initializers or name in inputs or name in outputs
+        producer, initializers, inputs, outputs, nodes = graphs[0]
+        return lambda name: name in producer or name in initializers or name in inputs or name in outputs or name in nodes
     return lambda name: any(name in names for graph in graphs for names in graph)
 
 

@@ -970,3 +970,29 @@ def test_encoded_casts_are_the_bytes_onnx_serializes(to, length):
     source, target, name = "x" * length, "é" * length, "n" * (length + 1)
     expected = helper.make_node("Cast", [source], [target], name=name, to=to).SerializeToString()
     assert encoded_cast(source, target, to, name) == expected
+
+
+# ---------------------------------------------------------------- names
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_new_nodes_never_take_the_name_of_a_node_the_model_has(dtype):
+    """The Cast making x's low copy would be named x_<low>_cast, and the one
+    making y's fp32 copy m_fp32_cast; the model's own nodes hold those names
+    (onnxruntime refuses two nodes of one name), so the new ones get others."""
+    low = "fp16" if dtype == "fp16" else "bf16"
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["m"], name=f"x_{low}_cast"),
+        helper.make_node("Softmax", ["m"], ["s"], name="m_fp32_cast", axis=-1),
+        helper.make_node("MatMul", ["s", "W2"], ["y"], name="mm2"),
+    ]
+    m = model(nodes, [value("x")], [value("y")], [init("W1", w(4, 4)), init("W2", w(4, 4))])
+    out = convert(m, level="O2", dtype=dtype).model
+    names = [n.name for n in out.graph.node]
+    assert len(names) == len(set(names))
+    assert {f"x_{low}_cast", "m_fp32_cast", "mm2"} <= set(names)
+    assert len(nodes_of(out, "Cast")) == 4  # x in, m to the Softmax, s out of it, y out
+    if dtype == "fp16":  # (onnxruntime loads it: no two nodes of one name)
+        feed = x_feed()
+        assert close(run(out, feed)[0], run(m, feed)[0])
+
