@@ -996,3 +996,33 @@ def test_new_nodes_never_take_the_name_of_a_node_the_model_has(dtype):
         feed = x_feed()
         assert close(run(out, feed)[0], run(m, feed)[0])
 
+
+# ------------------------------------------------------- ops shaped like their input
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("op, attrs", [("RandomNormalLike", {"scale": 0.01}), ("EyeLike", {}), ("EyeLike", {"dtype": F32})])
+def test_an_op_shaped_like_a_low_tensor_reads_it_as_its_schema_and_its_type_rule_need(op, attrs, dtype):
+    """EyeLike and Random*Like stay fp32 (onnxruntime has no low kernel).
+    Without a dtype attribute their output takes their input's type, and
+    before opset 22 their input admits no bfloat16: fed a low tensor as it
+    is, the output would be low while the plan says fp32 (a Cast of an fp16
+    tensor to fp16 followed), or the model invalid. Their input is read fp32."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
+        helper.make_node(op, ["m"], ["r"], name="like", **attrs),
+        helper.make_node("Add", ["m", "r"], ["y"], name="add"),
+    ]
+    m = model(nodes, [value("x", shape=(4, 4))], [value("y", shape=(4, 4))], [init("W", w(4, 4))])
+    out, plan = convert(m, level="O2", dtype=dtype)  # (the full check runs, types included)
+    assert plan.by_name("like").precision is Precision.FP32
+    types = elem_types(out)
+    assert types["r"] == F32
+    low = F16 if dtype == "fp16" else BF16
+    for cast in nodes_of(out, "Cast"):  # (no Cast to a type its input already has)
+        assert types[cast.input[0]] != attr(cast, "to")
+    like = next(n for n in out.graph.node if n.name == "like")
+    assert types[like.input[0]] == F32 and types["m"] == low
+    if dtype == "fp16" and op == "EyeLike":
+        feed = {"x": RNG.standard_normal((4, 4)).astype(np.float32)}
+        assert close(run(out, feed)[0], run(m, feed)[0])
