@@ -634,13 +634,18 @@ class Planner:
         return None
 
     def _lower_if_outputs(self, ctx: GraphContext, i: int, entry: PlanEntry) -> None:
-        """An If output that every branch produces low is low itself: its
+        """An If output that every branch produces low is low itself (where
+        If's schema admits the low type: bfloat16 from opset 16 on): its
         branches hand over their low tensors, and a Cast after the If (only
         where a reader needs fp32) replaces one per branch back to fp32."""
         branches = ctx.subgraphs[i]
+        sig, low = self._sig(ctx, i), self.low.onnx_type
         low_outputs = []
         for k, name in enumerate(ctx.outs[i]):
             if not name or ctx.types.get(name) != FLOAT:
+                continue
+            out_type = sig.output_type(k) if sig is not None else None
+            if out_type is None or not sig.admits(out_type, low):  # (If outputs admit bfloat16 from opset 16 on)
                 continue
             if all(self._low_branch_output(body, k) for body in branches):
                 low_outputs.append(k)

@@ -1026,3 +1026,26 @@ def test_an_op_shaped_like_a_low_tensor_reads_it_as_its_schema_and_its_type_rule
     if dtype == "fp16" and op == "EyeLike":
         feed = {"x": RNG.standard_normal((4, 4)).astype(np.float32)}
         assert close(run(out, feed)[0], run(m, feed)[0])
+
+
+@pytest.mark.parametrize(
+    "opset, dtype, low_if", [(13, "bf16", False), (15, "bf16", False), (16, "bf16", True), (13, "fp16", True)]
+)
+def test_an_if_hands_on_low_outputs_only_where_its_schema_admits_the_low_type(opset, dtype, low_if):
+    """Both branches end in a MatMul: the If may hand their low results on,
+    except where its schema has no place for the low type (bfloat16 before
+    opset 16), where each branch casts back to fp32 as the If's outputs were."""
+    branch = [
+        helper.make_graph([helper.make_node("MatMul", ["x", w_name], [out])], name, [], [value(out, shape=(4, 4))])
+        for w_name, out, name in (("W1", "t", "then"), ("W2", "e", "else"))
+    ]
+    nodes = [
+        helper.make_node("If", ["c"], ["h"], name="if", then_branch=branch[0], else_branch=branch[1]),
+        helper.make_node("MatMul", ["h", "W3"], ["y"], name="mm"),
+    ]
+    inputs = [value("x", shape=(4, 4)), value("c", onnx.TensorProto.BOOL, shape=())]
+    m = model(nodes, inputs, [value("y", shape=(4, 4))], [init(n, w(4, 4)) for n in ("W1", "W2", "W3")], opset=opset)
+    out, plan = convert(m, level="O2", dtype=dtype)  # (the full check runs, types included)
+    assert (plan.by_name("if").precision is Precision.LOW) == low_if
+    low = F16 if dtype == "fp16" else BF16
+    assert elem_types(out)["h"] == (low if low_if else F32)
