@@ -498,7 +498,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     from .ahead import work_ahead
     from .check import check_file
     from .external import payload
-    from .load import read_model
+    from .load import check_input_model, read_model
     from .pipeline import convert
     from .save import save_model, write_text
 
@@ -565,8 +565,6 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
                 calibration.session = None  # (its memory goes before the model is written)
     if kw["explain"] and not kw["json_out"]:
         click.echo(result.plan.format_table())
-    if kw["plan_json"]:
-        write_text(kw["plan_json"], result.plan.to_json())
     passed = validation is None or validation.passed
     exit_code = EXIT_OK if passed else EXIT_TOLERANCE
     write = passed or kw["write_on_fail"]
@@ -604,7 +602,12 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
 
         def verify(path: Path) -> None:
             if deferred:  # too large to check in memory: check the written file before it replaces anything
-                check_file(path, kw["check"])
+                try:
+                    check_file(path, kw["check"])
+                except ConversionError:
+                    if kw["check"] == "full":  # (blame the input when it fails the full check already: exit 2)
+                        check_input_model(str(model), str(model), full_check=True)
+                    raise
 
         # Written as the bytes measured, the file's size is known: the report is made while the file is flushed to disk.
         exact = not external and measured.serialized is not None
@@ -622,6 +625,8 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
             data = output.with_name(f"{output.name}.data")
             size_after = output.stat().st_size + (data.stat().st_size if external and data.is_file() else 0)
     report = made[0] if made else report_of(size_after=size_after)
+    if kw["plan_json"]:  # (after the model: what fails writing it leaves no plan behind)
+        write_text(kw["plan_json"], result.plan.to_json())
     _emit_reports(report, kw)
     if not kw["quiet"] and not kw["json_out"]:
         c = report["plan"]["counts"]

@@ -1500,3 +1500,29 @@ def test_the_check_of_a_written_file_checks_types_as_onnx_full_check_does(tmp_pa
     check_file(path, "basic")
     with pytest.raises(ConversionError, match=r"fails the ONNX checker.*RandomNormalLike"):
         check_file(path, "full")
+
+
+@pytest.mark.parametrize("validate", [True, False])
+def test_an_input_failing_strict_shape_inference_is_blamed_and_nothing_is_written(tmp_path, validate):
+    """The basic checker passes it; its declared output shape contradicts
+    inference. The CLI checks the written file, which fails: the input is
+    checked in full then, blamed (exit 2), and neither the model nor the
+    plan asked for is written."""
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["t"], name="mm"), helper.make_node("Relu", ["t"], ["y"], name="r")]
+    weights = [numpy_helper.from_array(np.ones((4, 4), np.float32), "W")]
+    m = _model(nodes, outputs=[helper.make_tensor_value_info("y", F32, [2, 5])], initializers=weights)
+    onnx.checker.check_model(m)
+    path = _save(tmp_path, m)
+    before = snapshot(tmp_path)
+    proc = cli(path, "-o", tmp_path / "out.onnx", "--plan-json", tmp_path / "plan.json", *([] if validate else ["--no-validate"]))
+    assert_refused(proc, "the input model fails ONNX shape inference", before, tmp_path)
+
+
+def test_a_model_that_cannot_be_written_leaves_no_plan_behind(tmp_path):
+    """The plan is written once the model is in place: the output's data
+    file name is taken by a folder, so nothing is written at all."""
+    path = external_model(tmp_path / "in")
+    (tmp_path / "out.onnx.data").mkdir()
+    before = snapshot(tmp_path)
+    proc = cli(path, "-o", tmp_path / "out.onnx", "--plan-json", tmp_path / "plan.json", "--no-validate")
+    assert_refused(proc, "out.onnx.data", before, tmp_path)
