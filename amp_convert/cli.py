@@ -886,6 +886,11 @@ def main(argv: list[str] | None = None, *, keep: list | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("amp-convert: interrupted", err=True)
         return 130
+    except OSError as e:
+        if e.filename is not None:  # a path given that the system refuses (too long, not allowed ...): the user's to change
+            name = os.fsdecode(e.filename) if isinstance(e.filename, bytes) else str(e.filename)
+            return _fail(f"{name}: {e.strerror or e}; nothing was written", EXIT_USAGE, debug)
+        return _fail(f"internal error: {type(e).__name__}: {e} (run with --debug for a traceback)", EXIT_INTERNAL, debug)
     except Exception as e:  # a bug: still one line unless --debug
         return _fail(f"internal error: {type(e).__name__}: {e} (run with --debug for a traceback)", EXIT_INTERNAL, debug)
 

@@ -1526,3 +1526,20 @@ def test_a_model_that_cannot_be_written_leaves_no_plan_behind(tmp_path):
     before = snapshot(tmp_path)
     proc = cli(path, "-o", tmp_path / "out.onnx", "--plan-json", tmp_path / "plan.json", "--no-validate")
     assert_refused(proc, "out.onnx.data", before, tmp_path)
+
+
+@pytest.mark.parametrize("flag", ["-o", "--report", "--plan-json", "--inputs", "data file"])
+def test_a_file_name_too_long_for_the_system_exits_2_naming_it(tmp_path, lstm, flag):
+    """Each path option given a name longer than the file system allows
+    (the data file's: the model's name with .data added), one line and
+    nothing written, where it was an internal error (exit 3)."""
+    long = "a" * 300
+    args = {"-o": ["-o", tmp_path / f"{long}.onnx"], "--inputs": ["--inputs", tmp_path / f"{long}.npz"]}.get(flag)
+    if flag == "data file":  # (a legal model name, 256 characters with .data)
+        args = ["-o", tmp_path / f"{'b' * 246}.onnx", "--external-data", "always", "--no-validate"]
+    elif args is None:
+        args = [flag, tmp_path / f"{long}.json"]
+    out = [] if "-o" in args else ["-o", tmp_path / "out.onnx"]
+    before = snapshot(tmp_path)
+    line = assert_refused(cli(lstm, *out, *args), "File name too long", before, tmp_path)
+    assert "internal error" not in line
