@@ -26,6 +26,7 @@ from .emulate import EMULATE_MODES
 from .errors import AmpError, ConversionError
 from .external import PROTOBUF_LIMIT
 from .lists import LEVELS, PROFILES
+from .load import remember_inputs
 from .options import IO_TYPES, ConvertOptions
 from .report import build_report, html_report, terminal_table
 from .runner import PROVIDERS
@@ -119,6 +120,7 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
         if not path.is_file():
             raise click.BadParameter(f"{value}: no such file", param_hint="--config")
         data = tomllib.loads(path.read_text(encoding="utf-8"))
+        remember_inputs([path])  # (no output may replace it)
     except OSError as e:
         raise click.BadParameter(f"{value}: cannot be read ({e.strerror or e})", param_hint="--config") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
@@ -516,6 +518,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         background=not (kw["validate"] or kw["calibration"]),
         ahead=partial(work_ahead, low=options.low),
     )
+    remember_inputs([*kw["inputs"], *kw["calibration"]])
     with loaded.checked():
         reference = loaded.model
         # Every output is checked before anything is converted or written.
@@ -732,6 +735,9 @@ def compare_command(reference: Path, candidate: Path, **kw: Any) -> None:
 
     ref_model = load_model(reference)
     cand_model = load_model(candidate)  # (external data read into memory: the two may live in different folders)
+    remember_inputs(kw["inputs"])
+    if kw["report"] is not None and kw["html"] is not None and kw["report"].resolve() == kw["html"].resolve():
+        raise AmpError(f"{kw['report']}: given as both --report and --html; each output needs its own file")
     for key in ("report", "html"):
         if kw[key] is not None:
             _check_output_path(reference, kw[key], f"--{key}")

@@ -19,7 +19,7 @@ import signal
 import stat
 import struct
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,9 +54,24 @@ def _remember_input(path: Path) -> None:
         _INPUT_FILES.add(_identity(path.stat()))
 
 
+def remember_inputs(paths: Iterable[str | os.PathLike]) -> None:
+    """Count these files (and the files directly in these folders) among the
+    inputs no output may replace: validation samples, calibration data, a
+    config file."""
+    for path in map(Path, paths):
+        with contextlib.suppress(OSError):
+            if path.is_dir():
+                for entry in path.iterdir():
+                    if entry.is_file():
+                        _remember_input(entry)
+            else:
+                _remember_input(path)
+
+
 def is_input_file(path: str | os.PathLike) -> bool:
     """Whether ``path`` is (a link to) a file that a model was loaded from in
-    this process: the .onnx file or one of its external data files."""
+    this process (the .onnx file or one of its external data files), or one
+    given to :func:`remember_inputs`."""
     try:
         return _identity(os.stat(path)) in _INPUT_FILES
     except (OSError, ValueError):

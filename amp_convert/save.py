@@ -103,7 +103,10 @@ def check_output_path(target: str | os.PathLike) -> Path:
         # The rename that makes writes atomic would replace the link, pipe or device itself.
         raise AmpError(f"{target}: is a symbolic link, pipe or device, not a regular file; give a plain file name")
     if is_input_file(target):
-        raise AmpError(f"{target}: is a file the input model was read from; choose another output (inputs are never overwritten)")
+        raise AmpError(
+            f"{target}: is one of the inputs (the model, its external data, samples, calibration data or the config); "
+            "choose another output (inputs are never overwritten)"
+        )
     if not os.access(folder, os.W_OK | os.X_OK):
         raise AmpError(f"{target}: folder {folder} is not writable")
     return folder

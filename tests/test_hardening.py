@@ -366,7 +366,7 @@ def test_external_data_without_length_entries_converts(tmp_path, level):
 def test_output_over_the_inputs_external_data_is_refused(tmp_path):
     model = external_model(tmp_path / "m")
     before = snapshot(tmp_path)
-    line = assert_refused(cli(model, "-o", tmp_path / "m" / "weights.bin"), "read from", before, tmp_path)
+    line = assert_refused(cli(model, "-o", tmp_path / "m" / "weights.bin"), "is one of the inputs", before, tmp_path)
     assert "weights.bin" in line
 
 
@@ -1543,3 +1543,33 @@ def test_a_file_name_too_long_for_the_system_exits_2_naming_it(tmp_path, lstm, f
     before = snapshot(tmp_path)
     line = assert_refused(cli(lstm, *out, *args), "File name too long", before, tmp_path)
     assert "internal error" not in line
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["report over samples", "plan over calibration", "model over config", "html over a sample in a folder", "compare report"],
+)
+def test_no_output_replaces_an_input_of_another_kind(tmp_path, lstm, case):
+    """Samples, calibration data and the config are inputs too: an output
+    given one of their names is refused like one over the model (exit 2,
+    nothing written), and compare's --report and --html need two files."""
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.move(lstm, work / "lstm.onnx")
+    model_path = work / "lstm.onnx"
+    feeds = {"input": np.zeros((1, 20, 16), np.float32)}  # (the zoo LSTM's one input)
+    np.savez(work / "s.npz", **feeds)
+    (work / "samples").mkdir()
+    np.savez(work / "samples" / "a.npz", **feeds)
+    (work / "amp.toml").write_text('level = "O2"\n')
+    out = ["-o", work / "out.onnx"]
+    args = {
+        "report over samples": [*out, "--inputs", work / "s.npz", "--report", work / "s.npz"],
+        "plan over calibration": [*out, "--calibration", work / "s.npz", "--plan-json", work / "s.npz"],
+        "model over config": ["-o", work / "amp.toml", "--config", work / "amp.toml"],
+        "html over a sample in a folder": [*out, "--inputs", work / "samples", "--html", work / "samples" / "a.npz"],
+        "compare report": ["--report", work / "r.json", "--html", work / "r.json"],
+    }[case]
+    before = snapshot(work)
+    proc = cli("compare", model_path, model_path, *args) if case == "compare report" else cli(model_path, *args)
+    assert_refused(proc, "given as both" if case == "compare report" else "is one of the inputs", before, work)
