@@ -17,7 +17,7 @@ import time
 import traceback
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -30,6 +30,9 @@ from .load import remember_inputs
 from .options import IO_TYPES, ConvertOptions
 from .report import build_report, html_report, terminal_table
 from .runner import PROVIDERS
+
+if TYPE_CHECKING:
+    from .save import TextFiles
 
 EXIT_OK, EXIT_TOLERANCE, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -502,7 +505,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     from .external import payload
     from .load import check_input_model, read_model
     from .pipeline import convert
-    from .save import save_model, write_text
+    from .save import TextFiles, save_model
 
     auto = kw["level"] == "auto"
     options = _conversion_options(kw)
@@ -598,39 +601,50 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         auto=None if searched is None else searched.as_dict(),
     )
     made: list[dict] = []
-    if write:
-        mode = kw["external_data"]
-        external = mode == "always" or (mode == "auto" and (input_external or size_after > PROTOBUF_LIMIT))
-        deferred = result.check_deferred
+    with TextFiles() as side_files:
 
-        def verify(path: Path) -> None:
-            if deferred:  # too large to check in memory: check the written file before it replaces anything
-                try:
-                    check_file(path, kw["check"])
-                except ConversionError:
-                    if kw["check"] == "full":  # (blame the input when it fails the full check already: exit 2)
-                        check_input_model(str(model), str(model), full_check=True)
-                    raise
+        def write_reports(size: int) -> None:
+            """The report, made once the written size is known, and every file asked for beside the model, written
+            (in place only once the model is: a failure writing any of them writes nothing)."""
+            made.append(report_of(size_after=size))
+            if kw["plan_json"]:
+                side_files.write(kw["plan_json"], result.plan.to_json())
+            _write_reports(side_files, made[0], kw)
 
-        # Written as the bytes measured, the file's size is known: the report is made while the file is flushed to disk.
-        exact = not external and measured.serialized is not None
-        meanwhile = (lambda: made.append(report_of(size_after=size_after))) if exact else None
-        save_model(
-            result.model,
-            output,
-            external=external,
-            source_dir=folder,
-            before_commit=verify,
-            measured=measured,
-            meanwhile=meanwhile,
-        )
-        if not exact:
-            data = output.with_name(f"{output.name}.data")
-            size_after = output.stat().st_size + (data.stat().st_size if external and data.is_file() else 0)
-    report = made[0] if made else report_of(size_after=size_after)
-    if kw["plan_json"]:  # (after the model: what fails writing it leaves no plan behind)
-        write_text(kw["plan_json"], result.plan.to_json())
-    _emit_reports(report, kw)
+        if write:
+            mode = kw["external_data"]
+            external = mode == "always" or (mode == "auto" and (input_external or size_after > PROTOBUF_LIMIT))
+            deferred = result.check_deferred
+            # Written as the bytes measured, the file's size is known; else it is read off the written files.
+            exact = not external and measured.serialized is not None
+            written: list[int] = [size_after] if exact else []
+
+            def verify(path: Path) -> None:
+                if deferred:  # too large to check in memory: check the written file before it replaces anything
+                    try:
+                        check_file(path, kw["check"])
+                    except ConversionError:
+                        if kw["check"] == "full":  # (blame the input when it fails the full check already: exit 2)
+                            check_input_model(str(model), str(model), full_check=True)
+                        raise
+                if not exact:
+                    data = path.with_name(f"{output.name}.data")
+                    written.append(path.stat().st_size + (data.stat().st_size if external and data.is_file() else 0))
+
+            save_model(
+                result.model,
+                output,
+                external=external,
+                source_dir=folder,
+                before_commit=verify,
+                measured=measured,
+                meanwhile=lambda: write_reports(written[0]),  # (while the model is flushed to disk)
+            )
+        else:
+            write_reports(size_after)
+        side_files.place()
+    report = made[0]
+    _echo_reports(report, kw)
     if not kw["quiet"] and not kw["json_out"]:
         c = report["plan"]["counts"]
         level = (
@@ -732,6 +746,7 @@ def _auto(reference, options: ConvertOptions, source, calibration, kw: dict, fol
 def compare_command(reference: Path, candidate: Path, **kw: Any) -> None:
     """Compare CANDIDATE (e.g. converted by another tool) with REFERENCE."""
     from .load import load_model
+    from .save import TextFiles
 
     ref_model = load_model(reference)
     cand_model = load_model(candidate)  # (external data read into memory: the two may live in different folders)
@@ -759,7 +774,10 @@ def compare_command(reference: Path, candidate: Path, **kw: Any) -> None:
         size_after=candidate.stat().st_size,
         exit_code=exit_code,
     )
-    _emit_reports(report, kw)
+    with TextFiles() as files:
+        _write_reports(files, report, kw)
+        files.place()
+    _echo_reports(report, kw)
     if exit_code:
         raise click.exceptions.Exit(exit_code)
 
@@ -798,13 +816,14 @@ def _tolerance(kw: dict, reference_low: str):
     )
 
 
-def _emit_reports(report: dict, kw: dict) -> None:
-    from .save import write_text
-
+def _write_reports(files: TextFiles, report: dict, kw: dict) -> None:
     if kw["report"]:
-        write_text(kw["report"], json.dumps(report, indent=1))
+        files.write(kw["report"], json.dumps(report, indent=1))
     if kw["html"]:
-        write_text(kw["html"], html_report(report))
+        files.write(kw["html"], html_report(report))
+
+
+def _echo_reports(report: dict, kw: dict) -> None:
     if kw["json_out"]:
         click.echo(json.dumps(report, indent=1))
     elif not kw["quiet"] and report["validation"] is not None:

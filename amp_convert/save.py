@@ -292,7 +292,52 @@ def staged_folder(target: Path, names: list[str]) -> Iterator[Path]:
                 shutil.rmtree(stage, ignore_errors=True)
 
 
-def write_text(path: str | os.PathLike, text: str) -> None:
-    """Write a report or plan atomically."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+class TextFiles:
+    """Reports and plans written beside their targets, then put in place
+    together: a command writing several files (and a model) either writes
+    them all or none. A context: while it is open, signals end it as they
+    end :func:`atomic_path`, and what it holds unplaced when it closes (a
+    failure, or no :meth:`place`) is removed."""
+
+    def __init__(self) -> None:
+        self._written: list[tuple[Path, Path]] = []  # (temporary, target)
+        self._interrupts = _Interrupts()
+
+    def write(self, target: str | os.PathLike, text: str) -> None:
+        """Write ``text`` for ``target`` (not in place yet); errors become AmpError."""
+        target = Path(target)
+        folder = check_output_path(target)
+        try:
+            with self._interrupts.held():  # (created and remembered together)
+                tmp = _create_temporary(folder, target.name)
+                self._written.append((tmp, target))
+            tmp.write_text(text, encoding="utf-8")
+            _keep_mode(target, tmp)
+            _fsync(tmp)
+        except OSError as e:
+            raise AmpError(f"{target}: cannot write ({e.strerror or e}); nothing was written") from None
+
+    def place(self) -> None:
+        """Rename every file written over its target."""
+        with self._interrupts.held():
+            while self._written:
+                tmp, target = self._written[0]
+                try:
+                    os.replace(tmp, target)
+                except OSError as e:
+                    raise AmpError(f"{target}: cannot write ({e.strerror or e})") from None
+                self._written.pop(0)
+                _fsync_folder(target.parent)
+
+    def __enter__(self) -> TextFiles:
+        self._interrupts.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            for tmp, _ in self._written:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+            self._written.clear()
+        finally:
+            self._interrupts.__exit__(*exc)

@@ -39,7 +39,7 @@ from amp_convert.cleanup import count_casts
 from amp_convert.errors import AmpError
 from amp_convert.inputs import make_source
 from amp_convert.load import load_model
-from amp_convert.save import save_model, write_text
+from amp_convert.save import TextFiles, save_model
 from models.zoo_inputs import load_manifest, make_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -1216,7 +1216,9 @@ def test_outputs_get_ordinary_permissions_and_signal_handlers_are_restored(tmp_p
     existing = tmp_path / "existing.json"
     existing.write_text("{}")
     existing.chmod(0o640)
-    write_text(existing, '{"a": 1}')
+    with TextFiles() as files:
+        files.write(existing, '{"a": 1}')
+        files.place()
     assert stat.S_IMODE(existing.stat().st_mode) == 0o640 and existing.read_text() == '{"a": 1}'
     assert {s: signal.getsignal(s) for s in handlers} == handlers
 
@@ -1315,7 +1317,6 @@ SLOW_STAGE_WRITERS = textwrap.dedent(
     """
     import sys, time
     import amp_convert.save
-    from amp_convert.save import atomic_path
 
     marker, which = sys.argv[1], sys.argv[2]
     write_external = amp_convert.save.write_with_external_data
@@ -1325,17 +1326,17 @@ SLOW_STAGE_WRITERS = textwrap.dedent(
         open(marker, "w").close()
         time.sleep(120)
 
-    def slow_text(path, text):
-        with atomic_path(path) as tmp:
-            tmp.write_text(text[: len(text) // 2])
-            open(marker, "w").close()
-            time.sleep(120)
-            tmp.write_text(text)
+    write_report = amp_convert.save.TextFiles.write
+
+    def slow_text(self, path, text):
+        write_report(self, path, text[: len(text) // 2])  # half the report, beside its target
+        open(marker, "w").close()
+        time.sleep(120)
 
     if which == "external":
         amp_convert.save.write_with_external_data = slow_external
     else:
-        amp_convert.save.write_text = slow_text
+        amp_convert.save.TextFiles.write = slow_text
     from amp_convert.cli import main
 
     sys.exit(main(sys.argv[3:]))
@@ -1367,10 +1368,7 @@ def test_interrupt_mid_write_of_external_data_or_a_report_keeps_the_old_files(tm
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "amp-convert: interrupted" in stderr and "Traceback" not in stderr
-    if which == "external":
-        assert all(path.read_bytes() == data for path, data in olds.items())
-    else:  # (the model was written before the report: the report is what must be whole or old)
-        assert (out_dir / "r.json").read_bytes() == olds[out_dir / "r.json"]
+    assert all(path.read_bytes() == data for path, data in olds.items())  # (the model is put in place after its reports)
     assert [p.name for p in out_dir.iterdir() if p.name.endswith(".tmp")] == []
 
 
@@ -1573,3 +1571,42 @@ def test_no_output_replaces_an_input_of_another_kind(tmp_path, lstm, case):
     before = snapshot(work)
     proc = cli("compare", model_path, model_path, *args) if case == "compare report" else cli(model_path, *args)
     assert_refused(proc, "given as both" if case == "compare report" else "is one of the inputs", before, work)
+
+
+@pytest.mark.parametrize("failing", ["--report", "--html", "--plan-json"])
+@pytest.mark.parametrize("external", [False, True])
+def test_a_report_that_cannot_be_written_leaves_the_model_and_the_other_files_as_they_were(tmp_path, lstm, failing, external):
+    """Every file asked for is written beside its target first and put in
+    place with the model: one that cannot be written (here it fails as on a
+    full disk) makes the command exit 2 with the model and the others old."""
+    out = tmp_path / "out"
+    out.mkdir()
+    files = {"-o": out / "m.onnx", "--report": out / "r.json", "--html": out / "r.html", "--plan-json": out / "p.json"}
+    for path in files.values():
+        path.write_bytes(b"old")
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        textwrap.dedent(
+            f"""
+            import shutil, sys
+            from pathlib import Path
+            import amp_convert.save
+            from amp_convert.cli import main
+
+            write = amp_convert.save.TextFiles.write
+
+            def failing(self, target, text):
+                if Path(target).name == {files[failing].name!r}:
+                    raise amp_convert.save.AmpError(f"{{target}}: cannot write (No space left on device); nothing was written")
+                write(self, target, text)
+
+            amp_convert.save.TextFiles.write = failing
+            sys.exit(main(sys.argv[1:]))
+            """
+        )
+    )
+    args = [a for flag, path in files.items() for a in (flag, path)]
+    args += ["--no-validate", *(["--external-data", "always"] if external else [])]
+    before = snapshot(out)
+    proc = subprocess.run([sys.executable, driver, lstm, *args], capture_output=True, text=True, timeout=300)
+    assert_refused(proc, "No space left on device", before, out)
