@@ -6,6 +6,7 @@ They run on a fresh index of the rewritten graphs.
 
 from __future__ import annotations
 
+from collections import ChainMap
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -49,7 +50,9 @@ class RemoveRedundantCasts:
     Casts that write a graph output are kept, so output names never change.
 
     ``types`` maps tensor names to element types; the rewriter knows them,
-    so the pass need not index the model again (it does when not given).
+    so the pass need not index the model again (it does when not given,
+    and then looks each name up in its own graph's scope: sibling bodies
+    may each define a tensor of one name, with different types).
 
     ``casts``, when the caller knows every Cast of the model as (source,
     target, to), lets the pass see without a walk over the model that none
@@ -64,18 +67,19 @@ class RemoveRedundantCasts:
         types = self.types
         if types is not None and self.casts is not None and not _may_be_redundant(self.casts, types):
             return PassResult(model, False)
+        scopes: dict[int, Mapping[str, int]] | None = None
         if types is None:
-            root = _index(model, model_opsets(model))
-            types = {}
-            for ctx in root.walk():
-                types.update(ctx.types)
-        renames: dict[str, str] = {}
+            root = _index(model, model_opsets(model))  # (alive while the pass runs: its bodies keep their ids)
+            types = root.types
+            scopes = {id(ctx.graph): ctx.types for ctx in root.walk() if ctx is not root}
+        renames: dict[int, tuple[onnx.GraphProto, dict[str, str]]] = {}  # per graph (by id; the graph held alive)
         candidates: set[str] = set()  # outputs of Casts that may now be unused
-        _find_redundant(model.graph, types, {}, renames, candidates)
-        if not renames:
+        _find_redundant(model.graph, types, {}, renames, candidates, scopes)
+        renamed = {name for _, own in renames.values() for name in own}
+        if not renamed:
             return PassResult(model, False)
-        _apply_renames(model.graph, renames)
-        candidates |= set(renames)
+        _apply_renames(model.graph, renames, {})
+        candidates |= renamed
         removed = step = _remove_unused_casts(model.graph, candidates, set())
         while step:  # a removed Cast may have been the last reader of the Cast before it
             step = _remove_unused_casts(model.graph, candidates, set())
@@ -114,10 +118,16 @@ def _find_redundant(
     graph: onnx.GraphProto,
     types: Mapping[str, int],
     outer_casts: dict[str, onnx.NodeProto],
-    renames: dict[str, str],
+    renames: dict[int, tuple[onnx.GraphProto, dict[str, str]]],
     candidates: set[str],
+    scopes: dict[int, Mapping[str, int]] | None = None,
 ) -> None:
+    """Note in ``renames[id(graph)]`` what each redundant Cast's readers read
+    instead (in ``graph`` and, unless they define that name again, its
+    bodies). ``scopes``: a body's own types, looked up before its outer ones."""
     casts = dict(outer_casts)  # tensor -> the Cast node writing it
+    own: dict[str, str] = {}
+    renames[id(graph)] = (graph, own)
     outputs = {v.name for v in graph.output}
     default = ("", "ai.onnx")
     for node in graph.node:
@@ -125,37 +135,43 @@ def _find_redundant(
         if op != "Cast" or node.domain not in default:
             if op in GRAPH_OPS or node.domain not in default:
                 for sub in _bodies(node):
-                    _find_redundant(sub, types, casts, renames, candidates)
+                    inner = ChainMap(scopes[id(sub)], types) if scopes is not None and id(sub) in scopes else types
+                    _find_redundant(sub, inner, casts, renames, candidates, scopes)
             continue
         source, out, to = node.input[0], node.output[0], cast_to(node)
         casts[out] = node
         if out in outputs:
             continue
         if types.get(source) == to:
-            renames[out] = source
+            own[out] = source
             continue
         first = casts.get(source)
         if first is not None:
             origin = first.input[0]
             if types.get(origin) == to and (to, cast_to(first)) in EXACT_WIDENINGS:
-                renames[out] = origin
+                own[out] = origin
                 candidates.add(source)
 
 
-def _resolve(name: str, renames: dict[str, str]) -> str:
+def _resolve(name: str, renames: Mapping[str, str]) -> str:
     seen = 0
     while name in renames and seen < 64:
         name, seen = renames[name], seen + 1
     return name
 
 
-def _apply_renames(graph: onnx.GraphProto, renames: dict[str, str]) -> None:
+def _apply_renames(
+    graph: onnx.GraphProto, renames: dict[int, tuple[onnx.GraphProto, dict[str, str]]], outer: Mapping[str, str]
+) -> None:
+    """Apply the renames noted for ``graph`` and those of the graphs around it (``outer``)."""
+    own = renames[id(graph)][1] if id(graph) in renames else {}
+    here = ChainMap(own, outer) if outer else own
     for node in graph.node:
         for slot, name in enumerate(node.input):
-            if name in renames:
-                node.input[slot] = _resolve(name, renames)
+            if name in here:
+                node.input[slot] = _resolve(name, here)
         for sub in _bodies(node):
-            _apply_renames(sub, renames)
+            _apply_renames(sub, renames, here)
 
 
 def _bodies(node: onnx.NodeProto) -> list[onnx.GraphProto]:

@@ -443,6 +443,22 @@ def tensor_names(root: GraphContext) -> set[str]:
     return names
 
 
+def names_repeat_across_graphs(root: GraphContext) -> bool:
+    """Whether two graphs of the indexed model define a tensor of one name
+    (sibling bodies may: ONNX forbids only a body redefining an outer name).
+    A table of every graph's types by name alone would then mix them up."""
+    graphs = list(root.walk())
+    if len(graphs) == 1:
+        return False
+    seen: set[str] = set()
+    for ctx in graphs:
+        defined = {*ctx.producer, *ctx.initializers, *ctx.input_names}
+        if not seen.isdisjoint(defined):
+            return True
+        seen |= defined
+    return False
+
+
 def name_in_use(root: GraphContext) -> Callable[[str], bool]:
     """Whether a name is taken in the indexed model, subgraphs included: a
     tensor a graph defines (node output, initializer, input) or lists as an

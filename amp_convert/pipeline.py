@@ -24,7 +24,7 @@ from .check import CHECK_MODES, check_converted
 from .cleanup import cast_triples, clean_up, count_casts, indexed_casts
 from .errors import ConversionError
 from .external import has_external, is_external
-from .graph import NameGenerator, build_context, name_in_use
+from .graph import NameGenerator, build_context, name_in_use, names_repeat_across_graphs
 from .load import check_input_model, check_versions, load_model
 from .opset import check_target_opset, upgrade_opset
 from .options import ConvertOptions
@@ -198,14 +198,17 @@ def _convert(
         timer.lap("rewrite")
         if keep is not None:
             keep.append(rewriter)
-        # One type table for the clean-up: the main graph's own (the index is done with), the subgraphs', the rewrite's.
-        types = ctx.types
-        for c in ctx.walk():
-            if c is not ctx:
-                types.update(c.types)
-        types.update(rewriter.retyped)
-        # (the input's Casts read after the rewrite: it may retarget or rename them)
-        result.cleanup = clean_up(work, types, cast_triples(input_casts) + rewriter.new_casts)
+        if names_repeat_across_graphs(ctx):  # (the clean-up indexes the model again, and looks names up by scope)
+            result.cleanup = clean_up(work)
+        else:
+            # One type table for the clean-up: the main graph's own (the index is done with), the subgraphs', the rewrite's.
+            types = ctx.types
+            for c in ctx.walk():
+                if c is not ctx:
+                    types.update(c.types)
+            types.update(rewriter.retyped)
+            # (the input's Casts read after the rewrite: it may retarget or rename them)
+            result.cleanup = clean_up(work, types, cast_triples(input_casts) + rewriter.new_casts)
         # (the clean-up removes only Casts, and counts them)
         result.casts_after += result.stats.casts_inserted - sum(result.cleanup.values())
         timer.lap("cleanup")

@@ -1049,3 +1049,39 @@ def test_an_if_hands_on_low_outputs_only_where_its_schema_admits_the_low_type(op
     assert (plan.by_name("if").precision is Precision.LOW) == low_if
     low = F16 if dtype == "fp16" else BF16
     assert elem_types(out)["h"] == (low if low_if else F32)
+
+
+@pytest.mark.parametrize("level", ["O1", "O2", "O3"])
+def test_sibling_branches_may_each_define_a_tensor_of_one_name(level):
+    """Both branches name a tensor t: a float Softmax in one, an int64 Shape
+    in the other, cast to float there. Each branch's types are its own: the
+    Cast of the int64 t is no Cast of a float to float, and stays (where it
+    was removed, the model failed the checker)."""
+    then = helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["t"], axis=-1), helper.make_node("MatMul", ["t", "W"], ["o1"])],
+        "then",
+        [],
+        [value("o1", shape=(4, 4))],
+    )
+    other = helper.make_graph(
+        [
+            helper.make_node("Shape", ["x"], ["t"]),
+            helper.make_node("Cast", ["t"], ["tf"], to=F32),
+            helper.make_node("ReduceSum", ["tf"], ["rs"], keepdims=1),
+            helper.make_node("Expand", ["rs", "t"], ["o2"]),
+        ],
+        "else",
+        [],
+        [value("o2", shape=(4, 4))],
+    )
+    nodes = [helper.make_node("If", ["c"], ["y"], name="if", then_branch=then, else_branch=other)]
+    inputs = [value("x", shape=(4, 4)), value("c", onnx.TensorProto.BOOL, shape=())]
+    m = model(nodes, inputs, [value("y", shape=(4, 4))], [init("W", w(4, 4))])
+    out, _ = convert(m, level=level)  # (the full check runs)
+    branches = {a.name: a.g for n in out.graph.node if n.op_type == "If" for a in n.attribute}
+    casts = [n for n in branches["else_branch"].node if n.op_type == "Cast" and n.input[0] == "t"]
+    assert [attr(n, "to") for n in casts] == [F16 if level == "O3" else F32]  # (at O3 it casts to fp16 itself)
+    x = RNG.standard_normal((4, 4)).astype(np.float32)
+    for c in (True, False):
+        feed = {"x": x, "c": np.array(c)}
+        assert close(run(out, feed)[0], run(m, feed)[0])
