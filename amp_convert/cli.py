@@ -549,6 +549,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         if auto:
             searched = _auto(reference, options, source, calibration, kw, folder)
             result, validation = searched.conversion, searched.validation
+            _check_loads(result.model, validation.provider)
         else:
             # Without validation the fp32 model is not needed afterwards: convert it in place.
             with _stage_line(kw) as on_stage:
@@ -564,6 +565,8 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
                     keep=click.get_current_context().obj if source is None else None,
                     ahead=loaded.ahead_result,
                 )
+            if source is not None:
+                _check_loads(result.model, kw["provider"])
             validation = (
                 _validate(reference, result.model, source, kw, result.plan, folder, calibration) if source is not None else None
             )
@@ -799,6 +802,36 @@ def _validate(reference, candidate, source, kw: dict, plan, folder: Path | None 
         return validate(reference, candidate, source, config, plan, base_dir=folder, calibration=calibration)
     with click.progressbar(length=source.count() or 1, label="validating", file=sys.stderr) as bar:
         return validate(reference, candidate, source, config, plan, progress=bar.update, base_dir=folder, calibration=calibration)
+
+
+def _check_loads(model, provider: str) -> None:
+    """Validation runs the converted model with its intermediate tensors
+    exposed, or through its emulation twin: where onnxruntime's graph
+    optimizations fail on the model as written (a fusion taking a Cast in),
+    they may not show there. The model as written must load: checked where
+    it should (fp16, or bf16 on CUDA; onnxruntime's CPU provider has no
+    bf16 kernels), and where it is in memory (not in external data)."""
+    from onnx import TensorProto
+
+    from .emulate import detect_low_dtype
+    from .external import has_external
+    from .runner import choose_provider, session
+
+    resolved, _ = choose_provider(provider)
+    low = detect_low_dtype(model)
+    if low is None or has_external(model) or (low == TensorProto.BFLOAT16 and resolved != "cuda"):
+        return
+    try:
+        session(model, resolved)
+    except AmpError as e:
+        import onnxruntime
+
+        detail = str(e).removeprefix("onnxruntime cannot load the model: ")
+        raise ConversionError(
+            f"onnxruntime {onnxruntime.__version__} cannot load the converted model on {resolved}, which is valid "
+            f"ONNX: one of its graph optimizations fails on it ({detail}); try another level, or keep the nodes "
+            "it involves fp32 (--keep-fp32)"
+        ) from None
 
 
 def _tolerance(kw: dict, reference_low: str):

@@ -1610,3 +1610,27 @@ def test_a_report_that_cannot_be_written_leaves_the_model_and_the_other_files_as
     before = snapshot(out)
     proc = subprocess.run([sys.executable, driver, lstm, *args], capture_output=True, text=True, timeout=300)
     assert_refused(proc, "No space left on device", before, out)
+
+
+@pytest.mark.parametrize("per_node", [True, False])
+def test_a_converted_model_onnxruntime_cannot_load_is_no_pass(tmp_path, per_node):
+    """At O1 the LayerNorm written out in ops stays fp32 between fp16
+    MatMuls; onnxruntime 1.31's LayerNormFusion takes the Cast in front of
+    it in and fails to load the model. Validation, which exposes every
+    tensor (no fusion then), said PASS: the model as written is now loaded
+    too, and the command fails (exit 3) writing nothing. At O2 it loads."""
+    from models.hostile import layernorm_large_sums
+
+    path = tmp_path / "ln.onnx"
+    onnx.save(layernorm_large_sums(), path)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = cli(path, "--level", "O1", "-o", out / "ln.fp16.onnx", *([] if per_node else ["--no-per-node"]))
+    assert proc.returncode == 3, proc.stderr
+    assert "cannot load the converted model" in proc.stderr and "Traceback" not in proc.stderr
+    assert list(out.iterdir()) == []
+    proc = cli(path, "--level", "O2", "-o", out / "ln.fp16.onnx")
+    assert proc.returncode == 0, proc.stderr
+    import onnxruntime as ort
+
+    ort.InferenceSession(str(out / "ln.fp16.onnx"), providers=["CPUExecutionProvider"])
