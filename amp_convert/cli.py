@@ -155,6 +155,7 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
                 raise click.BadParameter(f"{value}: {key} must be a string or a list of strings", param_hint="--config")
         elif name in params:
             _check_config_number(value, key, v, params[name].type)
+            _check_config_kind(value, key, v, params[name])
             try:
                 params[name].type_cast_value(ctx, v)
             except (click.BadParameter, TypeError, ValueError, AttributeError) as e:
@@ -163,6 +164,16 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
         defaults[name] = v
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     return value
+
+
+def _check_config_kind(config: str, key: str, v: object, param: click.Parameter) -> None:
+    """TOML values of the kind a flag or a path option takes: click would
+    turn ``explain = 1`` into a string, and ``report = 5`` reach the file
+    system as a number."""
+    if getattr(param, "is_flag", False) and not isinstance(v, bool):
+        raise click.BadParameter(f"{config}: {key} must be true or false, got {v!r}", param_hint="--config")
+    if isinstance(param.type, (click.Path, click.types.StringParamType)) and not isinstance(v, str):
+        raise click.BadParameter(f"{config}: {key} must be a string, got {v!r}", param_hint="--config")
 
 
 def _check_config_number(config: str, key: str, v: object, kind: click.ParamType) -> None:

@@ -1121,6 +1121,11 @@ CONFIG_BUGS = {
     "list-not-a-list": ("white-list = 3\n", "white-list"),
     "table-not-a-table": ("amp-convert = 3\n", "amp-convert"),
     "bool-not-a-bool": ("safety = 3\n", "safety"),
+    "flag-not-a-bool": ("explain = 1\n", "explain must be true or false"),
+    "report-path-a-number": ("report = 5\n", "report must be a string"),
+    "html-path-a-bool": ("html = true\n", "html must be a string"),
+    "plan-path-a-number": ("plan-json = 1.5\n", "plan-json must be a string"),
+    "output-a-number": ("output = 3\n", "output must be a string"),
 }
 
 
