@@ -900,6 +900,9 @@ def lists_command(profile: str, level: str, dtype: str) -> None:
     """Print the white, black and follow lists in force, with reasons."""
     lists = ConvertOptions(level=level, dtype=dtype, lists=profile).validated().op_lists()
     click.echo(f"# profile {profile}, level {level}, dtype {dtype}")
+    if level == "O0":
+        click.echo("\nO0 changes nothing: every op keeps its precision (the lists apply from O1 on)")
+        return
     for title, table in (("white", lists.white), ("black", lists.black), ("follow", lists.follow)):
         click.echo(f"\n{title} ({len(table)}):")
         for op in sorted(table):

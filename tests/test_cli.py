@@ -224,6 +224,16 @@ def test_lists_command(capsys):
     assert "unlisted ops: fp32 at O1" in out
 
 
+def test_lists_at_o0_say_nothing_runs_low(capsys, resnet, tmp_path):
+    """O0 converts nothing (the converted plan agrees): no list is shown as in force."""
+    assert main(["lists", "--level", "O0"]) == 0
+    out = capsys.readouterr().out
+    assert "O0 changes nothing" in out and "white (" not in out and "low at O0" not in out
+    plan_path = tmp_path / "plan.json"
+    assert main([str(resnet), "--level", "O0", "-o", str(tmp_path / "a.onnx"), "--plan-json", str(plan_path), "-q"]) == 0
+    assert {n["precision"] for n in json.loads(plan_path.read_text())["nodes"]} == {"fp32"}
+
+
 def test_config_file_and_flags_override_it(resnet, tmp_path):
     config = tmp_path / "amp.toml"
     config.write_text('level = "O3"\ndtype = "bf16"\nwhite-list = ["Add"]\n')
