@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from .save import TextFiles
 
 EXIT_OK, EXIT_TOLERANCE, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+_NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())  # (click 8.2 on; 8.1 prints the help itself)
 
 # Config-file keys: the long option names, with '-' or '_'.
 PARAMETER_NAMES = {"json": "json_out", "lists": "lists_profile"}  # where the parameter is named otherwise
@@ -948,6 +949,9 @@ def main(argv: list[str] | None = None, *, keep: list | None = None) -> int:
         click.echo("amp-convert: interrupted", err=True)
         return 130
     except click.UsageError as e:
+        if isinstance(e, _NO_ARGS):  # (no arguments: the help, as it reads, not folded into one line)
+            click.echo(e.format_message(), err=True)
+            return EXIT_USAGE
         return _fail(f"{e.format_message()}", EXIT_USAGE, debug)
     except click.ClickException as e:
         return _fail(e.format_message(), EXIT_USAGE, debug)

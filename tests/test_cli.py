@@ -334,3 +334,11 @@ def test_progress_shows_on_a_terminal_and_nowhere_else(resnet, tmp_path):
     assert rc == 0 and shown.strip() == ""  # --quiet: nothing at all
     piped = cli(str(resnet), "-o", str(tmp_path / "c.onnx"))
     assert piped.returncode == 0 and "converting: " not in piped.stderr and "validating" not in piped.stderr
+
+
+def test_no_arguments_print_the_help_as_it_reads(capsys):
+    """Not folded into one 'error:' line: the usage, the examples, the commands, each on its own line."""
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Usage: amp-convert") and "error:" not in err
+    assert "\n  convert " in err and "amp-convert model.onnx --level O2 -o out.onnx\n" in err
