@@ -561,7 +561,8 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         if auto:
             searched = _auto(reference, options, source, calibration, kw, folder)
             result, validation = searched.conversion, searched.validation
-            _check_loads(result.model, validation.provider)
+            if validation is not None:  # (None: no trial passed, the fp32 model is written)
+                _check_loads(result.model, validation.provider)
         else:
             # Without validation the fp32 model is not needed afterwards: convert it in place.
             with _stage_line(kw) as on_stage:

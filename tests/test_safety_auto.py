@@ -279,3 +279,18 @@ def test_auto_cli_reports_trials(hostile_dir, tmp_path):
     assert data["auto"]["kept_fp32"]["exp"].startswith("safety")
     assert "trial 1:" in proc.stderr and "of compute low" in proc.stdout
     assert cli(str(hostile_dir / "exp_pow_large.onnx"), "--level", "auto", "--no-validate").returncode == 2
+
+
+def test_auto_cli_writes_the_fp32_model_and_reports_it_when_no_trial_passes(tmp_path):
+    """No error at all is tolerated: no low-precision trial passes, and the
+    command writes the fp32 model, saying so (it was an internal error)."""
+    source = tmp_path / "lstm.onnx"
+    onnx.save(onnx.load(ZOO["lstm"]["path"]), str(source))
+    out, report = tmp_path / "a.onnx", tmp_path / "a.json"
+    proc = cli(
+        str(source), "--level", "auto", "--atol", "0", "--rtol", "0", "--max-trials", "3", "-o", str(out), "--report", str(report)
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(report.read_text())
+    assert data["auto"]["chosen_trial"] == 0 and data["plan"]["counts"]["low"] == 0
+    assert onnx.TensorProto.FLOAT16 not in {t.data_type for t in onnx.load(str(out)).graph.initializer}
