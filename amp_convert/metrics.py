@@ -143,10 +143,12 @@ class ErrorStats:
 
     @property
     def cosine(self) -> float:
+        if self.sum_sq_err == 0.0:  # (equal outputs: exactly 1, where the quotient rounds to just below it)
+            return 1.0
         denom = math.sqrt(self.sum_sq_ref) * math.sqrt(self.sum_sq_cand)
         if denom == 0.0:
-            return 1.0 if self.sum_sq_err == 0.0 else 0.0
-        return self.dot / denom
+            return 0.0
+        return max(-1.0, min(1.0, self.dot / denom))
 
     @property
     def snr_db(self) -> float:

@@ -681,3 +681,16 @@ def test_a_shared_calibration_session_caches_outputs_only_and_outlives_its_relea
     calibration.session = None
     again = validator.check(low, per_node=True)
     assert again.passed == first.passed and again.nodes
+
+
+def test_equal_outputs_have_a_cosine_of_exactly_one():
+    """The quotient of a dot product by two norms rounds to just below 1 on
+    many equal vectors: equal outputs pass --min-cosine 1 all the same."""
+    values = np.random.default_rng(0).standard_normal(3)  # (its dot product over its squared norm: 0.9999999999999999)
+    stats = ErrorStats("y")
+    stats.update(values, values.copy())
+    assert stats.cosine == 1.0
+    assert stats.verdict(Tolerance(atol=0.0, rtol=0.0, min_cosine=1.0, min_equal=1.0)) == []
+    close = ErrorStats("y")
+    close.update(values, values * (1 + 1e-6))
+    assert -1.0 <= close.cosine <= 1.0
