@@ -1,8 +1,8 @@
 """``--level auto``: the most low precision that still meets the tolerance,
 found by measurement.
 
-The search starts from O3 (everything low) with the safety rules on, and
-validates. While the model fails, it keeps in fp32 the low nodes that the
+The search starts from O3 (everything low) with the safety rules on
+(unless ``--no-safety`` turned them off), and validates. While the model fails, it keeps in fp32 the low nodes that the
 per-node diff ranks worst (one, then two, four ...: the error a node adds
 over its inputs, overflow first). Once it passes, it tries to give the kept
 nodes back in halves, least harmful first, and keeps what still passes.
@@ -164,12 +164,21 @@ class AutoSearch:
         self.best: tuple[float, ConversionResult, ValidationResult, int] | None = None
 
     @property
+    def safety(self) -> bool:
+        """The safety rules are on in every trial unless the user turned them off (--no-safety)."""
+        return self.options.safety is not False
+
+    @property
+    def rules(self) -> str:
+        return "with safety rules" if self.safety else "without safety rules"
+
+    @property
     def budget_left(self) -> bool:
         return len(self.trials) < self.max_trials
 
     def trial(self, step: str, level: str, keep: tuple[str, ...] = (), force: tuple[str, ...] = ()):
         t0 = time.perf_counter()
-        opts = replace(self.options, level=level, safety=True, keep_fp32_nodes=keep, force_low_nodes=force).validated()
+        opts = replace(self.options, level=level, safety=self.safety, keep_fp32_nodes=keep, force_low_nodes=force).validated()
         # Trials use the basic checker; the chosen model gets the full one at the end.
         result = convert(
             self.reference,
@@ -230,7 +239,7 @@ class AutoSearch:
 
     def from_o3(self) -> None:
         kept: list[str] = []
-        result, validation = self.trial("O3 with safety rules", "O3")
+        result, validation = self.trial(f"O3 {self.rules}", "O3")
         result, validation = self.keep_worst("O3", result, validation, kept)
         if validation.passed:
             self.give_back("O3", kept)
@@ -243,7 +252,7 @@ class AutoSearch:
                 return
 
     def from_level(self, level: str) -> None:
-        result, validation = self.trial(f"{level} with safety rules", level)
+        result, validation = self.trial(f"{level} {self.rules}", level)
         if not validation.passed:
             self.keep_worst(level, result, validation, [])
             return

@@ -294,3 +294,17 @@ def test_auto_cli_writes_the_fp32_model_and_reports_it_when_no_trial_passes(tmp_
     data = json.loads(report.read_text())
     assert data["auto"]["chosen_trial"] == 0 and data["plan"]["counts"]["low"] == 0
     assert onnx.TensorProto.FLOAT16 not in {t.data_type for t in onnx.load(str(out)).graph.initializer}
+
+
+def test_auto_without_safety_rules_searches_without_them():
+    """--no-safety at auto: no trial keeps a node fp32 by a safety rule; the
+    search itself finds what overflows (the BatchNorm of variance 1e8)."""
+    reference = HOSTILE["batchnorm_large_variance"]()
+    source = make_source(reference, samples=2)
+    calibration = calibrate(reference, source, "cpu")
+    searched = auto_convert(reference, ConvertOptions(safety=False), source, CPU, calibration, max_trials=12)
+    assert searched.trials[0].step == "O3 without safety rules"
+    assert not [e for e in searched.conversion.plan if e.rule.startswith("safety")]
+    with_rules = auto_convert(reference, ConvertOptions(), source, CPU, calibration, max_trials=12)
+    assert with_rules.trials[0].step == "O3 with safety rules"
+    assert [e for e in with_rules.conversion.plan if e.rule.startswith("safety")]
