@@ -310,6 +310,12 @@ def auto_convert(
         fallback.plan.notes.append(f"auto: no assignment met the tolerance in {len(search.trials)} trials; the model stays fp32")
         return AutoResult(fallback, None, search.trials, start, time.perf_counter() - began, chosen=0)
     _, result, validation, number = search.best
+    if config.per_node is not False and not validation.nodes:
+        # The trials that passed ran without the per-node diff: the chosen model's report gets it, as any
+        # conversion's (its verdict stays the one the search judged by).
+        search.validator.config = replace(search.validator.config, per_node=config.per_node)  # (None: by size, as usual)
+        diffed = search.validator.check(result.model, result.plan)
+        validation.nodes, validation.per_node_note = diffed.nodes, diffed.per_node_note
     # Trials ran the basic check; the chosen one gets the full one, where the
     # pipeline checked it: in memory, or (external data, over 2 GB) as the written file.
     if not result.check_deferred:

@@ -308,3 +308,17 @@ def test_auto_without_safety_rules_searches_without_them():
     with_rules = auto_convert(reference, ConvertOptions(), source, CPU, calibration, max_trials=12)
     assert with_rules.trials[0].step == "O3 with safety rules"
     assert [e for e in with_rules.conversion.plan if e.rule.startswith("safety")]
+
+
+def test_auto_reports_the_per_node_diff_of_the_model_it_chose():
+    """The passing trials ran without the per-node diff; the chosen model
+    gets it, as any conversion's validation does (it was always empty)."""
+    reference = onnx.load(ZOO["vit"]["path"])
+    searched = _auto("vit", reference, manifest_source(ZOO["vit"], reference))
+    assert searched.validation is not None and searched.validation.passed
+    low = {e.name for e in searched.conversion.plan if e.precision is Precision.LOW}
+    assert low & {n.name for n in searched.validation.nodes}
+    off = auto_convert(
+        reference, ConvertOptions(), manifest_source(ZOO["vit"], reference), replace(CPU, per_node=False), None, max_trials=4
+    )
+    assert off.validation is None or off.validation.nodes == []
