@@ -15,6 +15,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -554,7 +555,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         input_files = loaded.external_files
         input_external = bool(input_files)
         node_count = len(reference.graph.node)
-        size_before = model.stat().st_size + sum((folder / f).stat().st_size for f in input_files if (folder / f).is_file())
+        size_before = _files_size(model, input_files)
         source = _input_source(reference, kw) if kw["validate"] else None
         calibration = _calibration(reference, source, options, kw, auto, folder)
         searched = None
@@ -761,11 +762,11 @@ def _auto(reference, options: ConvertOptions, source, calibration, kw: dict, fol
 @validation_options
 def compare_command(reference: Path, candidate: Path, **kw: Any) -> None:
     """Compare CANDIDATE (e.g. converted by another tool) with REFERENCE."""
-    from .load import load_model
+    from .load import read_model
     from .save import TextFiles
 
-    ref_model = load_model(reference)
-    cand_model = load_model(candidate)  # (external data read into memory: the two may live in different folders)
+    ref_loaded, cand_loaded = read_model(reference), read_model(candidate)  # (external data read into memory: the two
+    ref_model, cand_model = ref_loaded.model, cand_loaded.model  # may live in different folders)
     remember_inputs(kw["inputs"])
     if kw["report"] is not None and kw["html"] is not None and kw["report"].resolve() == kw["html"].resolve():
         raise AmpError(f"{kw['report']}: given as both --report and --html; each output needs its own file")
@@ -786,8 +787,8 @@ def compare_command(reference: Path, candidate: Path, **kw: Any) -> None:
         validation=validation,
         inputs=source.describe(),
         timings={"validate": validation.seconds},
-        size_before=reference.stat().st_size,
-        size_after=candidate.stat().st_size,
+        size_before=_files_size(reference, ref_loaded.external_files),
+        size_after=_files_size(candidate, cand_loaded.external_files),
         exit_code=exit_code,
     )
     with TextFiles() as files:
@@ -911,6 +912,11 @@ def lists_command(profile: str, level: str, dtype: str) -> None:
             click.echo(f"  {op:28s} {table[op]}")
     unlisted = "follow their inputs" if lists.unlisted_follow else ("fp32" if level == "O1" else "low")
     click.echo(f"\nunlisted ops: {unlisted} at {level}")
+
+
+def _files_size(model: Path, data_files: Iterable[str]) -> int:
+    """Bytes of a model file and of the external data files (named relative to its folder) it was read with."""
+    return model.stat().st_size + sum((model.parent / f).stat().st_size for f in data_files if (model.parent / f).is_file())
 
 
 def _default_output(model: Path, dtype: str) -> Path:

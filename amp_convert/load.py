@@ -409,6 +409,7 @@ def read_model(
             check.cancel()
         raise
     external = list(_external_tensors(model)) if located else []
+    data_files = frozenset(external_info(t).get("location", "") for t in external)  # (before the data is read in)
     # The checker reads an external-data model's file itself, to find its data.
     source = str(p) if external else data
     if external:
@@ -420,7 +421,7 @@ def read_model(
         if external and not lazy_external:
             _load_external_data(model, external, p)
     del data
-    return LoadedModel(model, frozenset(external_info(t).get("location", "") for t in external), check)
+    return LoadedModel(model, data_files, check)
 
 
 def _can_fork() -> bool:

@@ -293,3 +293,17 @@ def test_auto_on_a_model_with_external_data(source, tmp_path):
     x = RNG.standard_normal((4, 64)).astype(np.float32)
     ref, got = run_path(source, x), run_path(out, x)
     assert np.max(np.abs(ref - got)) <= 1e-2 * np.max(np.abs(ref)) + 1e-3
+
+
+def test_compare_counts_the_external_data_of_both_models(source, tmp_path):
+    """compare's sizes are those convert reports: the .onnx file and its data file."""
+    out = tmp_path / "out" / "model.fp16.onnx"
+    out.parent.mkdir()
+    converted = cli(str(source), "-o", str(out), "--external-data", "always", "--report", str(tmp_path / "c.json"), "-q")
+    assert converted.returncode == 0, converted.stderr
+    proc = cli("compare", str(source), str(out), "--report", str(tmp_path / "r.json"))
+    assert proc.returncode == 0, proc.stderr
+    size = json.loads((tmp_path / "r.json").read_text())["size"]
+    assert size["before_bytes"] == sum(p.stat().st_size for p in source.parent.iterdir())
+    assert size["after_bytes"] == sum(p.stat().st_size for p in out.parent.iterdir())
+    assert size == json.loads((tmp_path / "c.json").read_text())["size"]
