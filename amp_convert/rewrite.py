@@ -312,6 +312,7 @@ class Rewriter:
                 lowered.append(name)
             elif read_low:
                 self.stats.initializers_shared += 1
+                self._share_low(ctx, name, versions)
         self._lower_values(ctx.path, lowered, list(map(ctx.initializers.__getitem__, lowered)), batch)
         changed.update(dict.fromkeys(lowered, low))
         self.stats.initializers_lowered += len(lowered)
@@ -378,6 +379,24 @@ class Rewriter:
         if top or after:
             _place(ctx, top, after)
             self.stats.casts_inserted += len(top) + sum(len(v) for v in after.values())
+
+    def _share_low(self, ctx: GraphContext, name: str, versions: dict[str, dict[int, str]]) -> None:
+        """An initializer read fp32 and low stays fp32; its low readers get a
+        Cast, which flushes its tiny values to zero at run time (counted
+        here) and would turn values beyond the low dtype's range into Inf:
+        those readers get a low copy instead, clipped and counted."""
+        tensor = ctx.initializers[name]
+        array = read_array(tensor, self.base_dir) if is_external(tensor) else numpy_helper.to_array(tensor)
+        found = value_stats(array)
+        if found.abs_max <= self.low.max:
+            if found.underflow(self.low):
+                self.stats.flushed[name] = self.stats.flushed.get(name, 0) + found.underflow(self.low)
+            return
+        low = self.low.onnx_type
+        copy = numpy_helper.from_array(to_low_array(array, self.low, name, self.stats), self.names(f"{name}_{_short(low)}"))
+        ctx.graph.initializer.append(copy)
+        self.retyped[copy.name] = low
+        versions[name] = {FLOAT: name, low: copy.name}
 
     def _lower_values(self, scope: str, names: list[str], tensors: list[onnx.TensorProto], batch: list) -> None:
         """Lower constants ``names`` (initializers, or Constant values by

@@ -322,3 +322,26 @@ def test_auto_reports_the_per_node_diff_of_the_model_it_chose():
         reference, ConvertOptions(), manifest_source(ZOO["vit"], reference), replace(CPU, per_node=False), None, max_trials=4
     )
     assert off.validation is None or off.validation.nodes == []
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_a_shared_constant_beyond_the_low_range_is_clipped_and_counted_for_its_low_readers(dtype):
+    """big feeds a low Mul and an fp32 one: it stays fp32. A Cast for the
+    low reader would turn 1e5 into Inf (fp16) at run time and flush 1e-9
+    to 0, silently: that reader gets a clipped low copy, and the report
+    counts what was clipped and flushed."""
+    big = np.array([1e5 if dtype == "fp16" else 3.4e38, 2.0, 3.0, 1e-9 if dtype == "fp16" else 1e-45], np.float32)
+    nodes = [
+        helper.make_node("Mul", ["x", "big"], ["a"], name="lowmul"),
+        helper.make_node("Mul", ["x", "big"], ["b"], name="keepmul"),
+        helper.make_node("Add", ["a", "b"], ["y"], name="add"),
+    ]
+    m = model(nodes, [value("x", shape=(4,))], [value("y", shape=(4,))], [init("big", big)])
+    result = convert(m, level="O3", dtype=dtype, keep_fp32=("^(keepmul|add)$",))
+    assert result.plan.by_name("lowmul").precision is Precision.LOW
+    assert result.stats.clipped == {"big": 1} and result.stats.flushed == {"big": 1}
+    if dtype == "fp16":
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
+        assert np.isfinite(sess.run(None, {"x": np.ones(4, np.float32)})[0]).all()
