@@ -246,5 +246,7 @@ def _new_nonfinite(r: np.ndarray, c: np.ndarray, r_fin: np.ndarray, c_fin: np.nd
 
 
 def _finite_or_none(x: float) -> float | None:
-    """JSON has no infinity: +inf SNR (identical outputs) is written as null."""
+    """JSON has no infinity: an infinite SNR is written as null (+inf where
+    the outputs are equal, max_abs_err 0; -inf where the reference is all
+    zeros and the candidate is not)."""
     return x if math.isfinite(x) else None

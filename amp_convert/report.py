@@ -153,7 +153,7 @@ def _metric_rows(label: str, out: dict, tol: dict, judged_only: bool = False) ->
         rows.append(("max rel error", _fmt(out["max_rel_err"]), "", ""))
     rows.append(("cosine", f"{out['cosine']:.6f}", f">= {tol['min_cosine']}", _pf(checks["cosine"])))
     if not judged_only:
-        rows.append(("SNR dB", _fmt(out["snr_db"]) if out["snr_db"] is not None else "inf", "", ""))
+        rows.append(("SNR dB", _snr(out), "", ""))
     nonfinite = f"{out['cand_nan'] + out['cand_inf']} (fp32: {out['ref_nan'] + out['ref_inf']})"
     rows.append(("NaN/Inf", nonfinite, "no new", _pf(checks["nonfinite"])))
     if not judged_only and out.get("warnings"):
@@ -288,7 +288,7 @@ def _outputs_table(v: dict) -> str:
             f"<tr><td>{html.escape(o['name'])}</td><td class='num'>{_fmt(o['max_abs_err'])}</td>"
             f"<td class='num'>{_fmt(o['limit_abs_err'])}</td><td class='num'>{_fmt(o['mean_abs_err'])}</td>"
             f"<td class='num'>{_fmt(o['max_rel_err'])}</td><td class='num'>{o['cosine']:.6f}</td>"
-            f"<td class='num'>{_fmt(o['snr_db']) if o['snr_db'] is not None else 'inf'}</td>"
+            f"<td class='num'>{_snr(o)}</td>"
             f"<td class='num'>{nonfinite}</td><td class='{cls}' title='{html.escape('; '.join(o['failures']))}'>"
             f"{'PASS' if ok else 'FAIL'}</td></tr>"
         )
@@ -392,3 +392,12 @@ def _y(err: float, lo_exp: int, hi_exp: int, top: int, plot_h: int) -> float:
     e = math.log10(err) if err > 0 else lo_exp
     e = min(max(e, lo_exp), hi_exp)
     return top + plot_h * (hi_exp - e) / (hi_exp - lo_exp)
+
+
+def _snr(output: dict) -> str:
+    """An output's SNR as shown: JSON holds an infinite one as null, +inf where
+    the outputs are equal, -inf where the reference is all zeros and the
+    candidate is not."""
+    if output["snr_db"] is not None:
+        return _fmt(output["snr_db"])
+    return "inf" if output["max_abs_err"] == 0 else "-inf"

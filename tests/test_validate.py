@@ -694,3 +694,16 @@ def test_equal_outputs_have_a_cosine_of_exactly_one():
     close = ErrorStats("y")
     close.update(values, values * (1 + 1e-6))
     assert -1.0 <= close.cosine <= 1.0
+
+
+def test_an_infinite_snr_is_shown_with_its_sign():
+    """JSON holds an infinite SNR as null; shown, a reference of zeros
+    against a candidate that is not is -inf, not the +inf of equal outputs."""
+    from amp_convert.report import _snr
+
+    zeros, tiny = np.zeros(8, np.float32), np.full(8, 1e-4, np.float32)
+    apart, equal = ErrorStats("y"), ErrorStats("y")
+    apart.update(zeros, tiny)
+    equal.update(tiny, tiny.copy())
+    assert apart.as_dict()["snr_db"] is None and equal.as_dict()["snr_db"] is None
+    assert _snr(apart.as_dict()) == "-inf" and _snr(equal.as_dict()) == "inf"
