@@ -79,17 +79,16 @@ class ErrorStats:
         ref, cand = np.asarray(ref), np.asarray(cand)
         self.samples += 1
         self.dtype = self.dtype or str(ref.dtype)
+        self.kind = self.kind or ("float" if is_float(ref.dtype) else "exact")
         if ref.shape != cand.shape:
             self.shape_mismatch += 1
             return
         if not is_float(ref.dtype):
-            self.kind = "exact"
             self.count += ref.size
             self.equal += int(np.count_nonzero(ref == cand))
             return
         # Float outputs compare in float64 whatever their dtypes (an fp16 or
         # bf16 output of one model against float32 of the other).
-        self.kind = "float"
         if not self.detailed:
             self._update_rms(ref.ravel(), cand.ravel())
             return

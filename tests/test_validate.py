@@ -707,3 +707,12 @@ def test_an_infinite_snr_is_shown_with_its_sign():
     equal.update(tiny, tiny.copy())
     assert apart.as_dict()["snr_db"] is None and equal.as_dict()["snr_db"] is None
     assert _snr(apart.as_dict()) == "-inf" and _snr(equal.as_dict()) == "inf"
+
+
+def test_an_integer_output_of_another_shape_is_reported_as_exact():
+    """NonZero's indices differ in shape: the output is judged on its shape
+    and reported as the integer output it is, with no float metrics."""
+    stats = ErrorStats("idx")
+    stats.update(np.zeros((2, 5), np.int64), np.zeros((2, 3), np.int64))
+    d = stats.as_dict(DEFAULT_TOLERANCES["fp16"])
+    assert d["kind"] == "exact" and "cosine" not in d and d["passed"] is False and d["shape_mismatch"] == 1
