@@ -255,7 +255,12 @@ def make_source(
                     f"input {spec.name!r}: a generated sample of shape {list(shape)} would hold {math.prod(shape):,} "
                     f"elements, more than {MAX_GENERATED_ELEMENTS:,}; give a smaller --input-shape, or samples with --inputs"
                 )
-        dynamic = [s.name for s in specs if s.name not in shape_map and any(not isinstance(d, int) for d in s.shape)]
+        named = source._named_dims()  # (a symbolic dimension another input's --input-shape settles is not 1)
+        dynamic = [
+            s.name
+            for s in specs
+            if s.name not in shape_map and any(not isinstance(d, int) and d not in named for d in s.shape)
+        ]
         if dynamic:
             source.notes.append(f"dynamic dimensions of {', '.join(dynamic)} set to 1 (use --input-shape)")
     return source

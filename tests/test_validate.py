@@ -716,3 +716,16 @@ def test_an_integer_output_of_another_shape_is_reported_as_exact():
     stats.update(np.zeros((2, 5), np.int64), np.zeros((2, 3), np.int64))
     d = stats.as_dict(DEFAULT_TOLERANCES["fp16"])
     assert d["kind"] == "exact" and "cosine" not in d and d["passed"] is False and d["shape_mismatch"] == 1
+
+
+def test_the_note_on_dynamic_dimensions_names_only_those_left_at_1():
+    """BERT's three inputs share batch and sequence: --input-shape for one
+    settles them for all, and no input is said to have dimensions set to 1."""
+    m = onnx.load(str(Path(__file__).resolve().parent.parent / "models" / "zoo" / "bert.onnx"))
+    given = make_source(m, shapes=["input_ids=2x8"])
+    assert not [n for n in given.notes if "set to 1" in n]
+    assert {s.shape for s in next(iter(given)).values()} == {(2, 8)}
+    bare = make_source(m)
+    assert [n for n in bare.notes if "set to 1" in n] == [
+        "dynamic dimensions of input_ids, attention_mask, token_type_ids set to 1 (use --input-shape)"
+    ]
