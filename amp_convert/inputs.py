@@ -257,9 +257,7 @@ def make_source(
                 )
         named = source._named_dims()  # (a symbolic dimension another input's --input-shape settles is not 1)
         dynamic = [
-            s.name
-            for s in specs
-            if s.name not in shape_map and any(not isinstance(d, int) and d not in named for d in s.shape)
+            s.name for s in specs if s.name not in shape_map and any(not isinstance(d, int) and d not in named for d in s.shape)
         ]
         if dynamic:
             source.notes.append(f"dynamic dimensions of {', '.join(dynamic)} set to 1 (use --input-shape)")
