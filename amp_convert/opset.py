@@ -42,8 +42,11 @@ def upgrade_opset(model: onnx.ModelProto, target: int) -> tuple[onnx.ModelProto,
 
 
 def _min_ir_for_opset(opset: int) -> int:
-    """Oldest IR version that onnx pairs with a default-domain opset."""
-    for ir, version in ((4, 9), (5, 10), (6, 11), (7, 12), (7, 13), (8, 15), (8, 16), (9, 19), (10, 21), (11, 23)):
+    """Oldest IR version that onnx pairs with a default-domain opset: that
+    of the first onnx release to reach it (onnx.helper.VERSION_TABLE), so a
+    runtime that reads the opset reads the IR (onnxruntime 1.31 reads IR 13
+    and opset 26, not IR 14)."""
+    for _release, ir, version, *_ in onnx.helper.VERSION_TABLE:
         if opset <= version:
             return ir
     return onnx.IR_VERSION

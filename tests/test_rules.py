@@ -1085,3 +1085,13 @@ def test_sibling_branches_may_each_define_a_tensor_of_one_name(level):
     for c in (True, False):
         feed = {"x": x, "c": np.array(c)}
         assert close(run(out, feed)[0], run(m, feed)[0])
+
+
+@pytest.mark.parametrize("target, ir", [(22, 10), (24, 12), (25, 13), (26, 13)])
+def test_an_upgraded_model_gets_the_ir_version_its_opset_came_with(target, ir):
+    """The IR version of the first onnx release with that opset: onnxruntime
+    1.31 reads opset 26 and IR 13, and refused the IR 14 these were given."""
+    out, _ = convert(mm_chain(), level="O2", target_opset=target)
+    assert out.ir_version == ir
+    feed = x_feed()
+    assert np.isfinite(run(out, feed)[0]).all()  # (onnxruntime loads and runs it)
