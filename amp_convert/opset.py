@@ -38,6 +38,9 @@ def upgrade_opset(model: onnx.ModelProto, target: int) -> tuple[onnx.ModelProto,
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AmpError(f"cannot upgrade the model from opset {current} to {target}: {first}") from None
     upgraded.ir_version = max(ir_version, _min_ir_for_opset(target))
+    if model.functions and not upgraded.functions:  # (the version converter drops local functions)
+        upgraded.functions.extend(model.functions)  # (each declares the opsets its body is read at)
+        return upgraded, f"opset upgraded from {current} to {target} (local functions kept as they are, at their own opsets)"
     return upgraded, f"opset upgraded from {current} to {target}"
 
 

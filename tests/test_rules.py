@@ -1095,3 +1095,28 @@ def test_an_upgraded_model_gets_the_ir_version_its_opset_came_with(target, ir):
     assert out.ir_version == ir
     feed = x_feed()
     assert np.isfinite(run(out, feed)[0]).all()  # (onnxruntime loads and runs it)
+
+
+@pytest.mark.parametrize("how", [{"dtype": "bf16"}, {"target_opset": 13}])
+def test_an_opset_upgrade_keeps_the_models_local_functions(how):
+    """onnx's version converter drops local functions; the upgraded model
+    keeps them, each at the opsets it declares, and loads (a call to a
+    function the model no longer had did not)."""
+    eye = np.eye(4, dtype=np.float32)
+    body = [
+        helper.make_node("Constant", [], ["k"], value=onnx.numpy_helper.from_array(eye, "cw")),
+        helper.make_node("MatMul", ["a", "k"], ["o"]),
+    ]
+    function = helper.make_function("local", "Lin", ["a"], ["o"], body, opset_imports=[helper.make_opsetid("", 12)])
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"), helper.make_node("Lin", ["m"], ["y"], domain="local")]
+    graph = helper.make_graph(nodes, "g", [value("x", shape=(1, 4))], [value("y", shape=(1, 4))], [init("W", eye)])
+    m = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 12), helper.make_opsetid("local", 1)], functions=[function]
+    )
+    m.ir_version = 7
+    out, plan = convert(m, level="O2", **how)  # (the full check runs)
+    assert [f.name for f in out.functions] == ["Lin"]
+    assert any("local functions kept" in note for note in plan.notes)
+    if how.get("dtype") != "bf16":
+        feed = {"x": RNG.standard_normal((1, 4)).astype(np.float32)}
+        assert close(run(out, feed)[0], run(m, feed)[0])
