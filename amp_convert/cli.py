@@ -582,7 +582,9 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
             if source is not None:
                 _check_loads(result.model, kw["provider"])
             validation = (
-                _validate(reference, result.model, source, kw, result.plan, folder, calibration) if source is not None else None
+                _validate(reference, result.model, source, kw, result.plan, folder, calibration, options.dtype)
+                if source is not None
+                else None
             )
             if calibration is not None:
                 calibration.session = None  # (its memory goes before the model is written)
@@ -745,7 +747,7 @@ def _auto(reference, options: ConvertOptions, source, calibration, kw: dict, fol
             click.echo(f"trial {trial.number}: {trial.step}: {verdict}, {trial.low_compute:.1%} of compute low", err=True)
 
     tolerance = _tolerance(kw, reference_low=options.dtype)
-    config = ValidationConfig(kw["provider"], kw["emulate"], True, kw["top"], tolerance, kw["pin_choices"])
+    config = ValidationConfig(kw["provider"], kw["emulate"], True, kw["top"], tolerance, kw["pin_choices"], options.dtype)
     searched = auto_convert(
         reference, options, source, config, calibration, kw["max_trials"], kw["auto_from"] or "O3", kw["check"], show, folder
     )
@@ -805,12 +807,14 @@ def _input_source(reference, kw: dict):
     return make_source(reference, kw["inputs"], kw["input_shape"], kw["input_range"], kw["samples"], kw["seed"])
 
 
-def _validate(reference, candidate, source, kw: dict, plan, folder: Path | None = None, calibration=None):
+def _validate(reference, candidate, source, kw: dict, plan, folder: Path | None = None, calibration=None, dtype=None):
+    """``dtype``: the conversion's low dtype (None for compare: the candidate's, as detected)."""
     from .emulate import detect_low_dtype
     from .validate import ValidationConfig, validate
 
-    tolerance = _tolerance(kw, reference_low="bf16" if detect_low_dtype(candidate) == 16 else "fp16")
-    config = ValidationConfig(kw["provider"], kw["emulate"], kw["per_node"], kw["top"], tolerance, kw["pin_choices"])
+    dtype = dtype or ("bf16" if detect_low_dtype(candidate) == 16 else "fp16")
+    tolerance = _tolerance(kw, reference_low=dtype)
+    config = ValidationConfig(kw["provider"], kw["emulate"], kw["per_node"], kw["top"], tolerance, kw["pin_choices"], dtype)
     show = not kw["quiet"] and not kw["json_out"] and sys.stderr.isatty()
     if not show:
         return validate(reference, candidate, source, config, plan, base_dir=folder, calibration=calibration)

@@ -55,6 +55,7 @@ class ValidationConfig:
     top: int = 10
     tolerance: Tolerance | None = None  # None: the default for the low dtype
     pin_choices: bool = True  # candidate reads the reference's TopK / NMS / ... choices (pin.py)
+    dtype: str | None = None  # the conversion's low dtype, whose default tolerance applies; None: the candidate's
 
 
 @dataclass
@@ -269,7 +270,7 @@ class Validator:
     ) -> ValidationResult:
         start = time.perf_counter()
         cand_low = low_dtype_of(cand_ctx)
-        dtype = _low_key(cand_low)
+        dtype = config.dtype or _low_key(cand_low)  # (a model holding a few bf16 tensors converted to fp16 is judged as fp16)
         tolerance = config.tolerance or DEFAULT_TOLERANCES[dtype]
         cand_outputs = [v.name for v in candidate.graph.output]
         if self.output_names != cand_outputs:

@@ -729,3 +729,24 @@ def test_the_note_on_dynamic_dimensions_names_only_those_left_at_1():
     assert [n for n in bare.notes if "set to 1" in n] == [
         "dynamic dimensions of input_ids, attention_mask, token_type_ids set to 1 (use --input-shape)"
     ]
+
+
+def test_a_conversion_is_judged_by_the_tolerance_of_the_dtype_it_converts_to(tmp_path):
+    """The model already holds a bfloat16 tensor (a Cast round trip to the
+    side): its fp16 conversion is judged with fp16's tolerance, not the
+    five times looser bf16 one that tensor made validation pick."""
+    nodes = [
+        helper.make_node("Add", ["x", "c"], ["a"], name="add"),
+        helper.make_node("Sub", ["a", "c"], ["y"], name="sub"),
+        helper.make_node("Cast", ["x"], ["xb"], name="tobf", to=onnx.TensorProto.BFLOAT16),
+        helper.make_node("Cast", ["xb"], ["z"], name="back", to=onnx.TensorProto.FLOAT),
+    ]
+    m = model(
+        nodes, [value("x", shape=(4, 64))], [value("y", shape=(4, 64)), value("z", shape=(4, 64))], [init("c", np.float32(100.0))]
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(m, str(path))
+    proc = cli(str(path), "--level", "O3", "-o", str(tmp_path / "o.onnx"), "--report", str(tmp_path / "r.json"), "-q")
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["validation"]["tolerance"] == DEFAULT_TOLERANCES["fp16"].as_dict()
+    assert proc.returncode == 1  # (y = (x + 100) - 100 loses about 0.03 in fp16: over fp16's 0.011, within bf16's 0.06)
