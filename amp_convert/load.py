@@ -409,11 +409,15 @@ def read_model(
             check.cancel()
         raise
     external = list(_external_tensors(model)) if located else []
-    data_files = frozenset(external_info(t).get("location", "") for t in external)  # (before the data is read in)
+    in_functions = list(_function_external_tensors(model)) if located else []
+    data_files = frozenset(external_info(t).get("location", "") for t in [*external, *in_functions])  # (before reading)
     # The checker reads an external-data model's file itself, to find its data.
-    source = str(p) if external else data
+    source = str(p) if external or in_functions else data
     if external:
         _check_external_data(external, p)
+    if in_functions:
+        _check_external_data(in_functions, p)
+        _inline_external(in_functions, p)
     if check is None and background and (lazy_external or not external):
         check = BackgroundCheck.start(source, p, ahead)
     if check is None:
@@ -626,6 +630,31 @@ def _types(*names: str) -> frozenset[int]:
 
 _PACKED_4BIT = _types("INT4", "UINT4", "FLOAT4E2M1")
 _SUB_BYTE = _PACKED_4BIT | _types("INT2", "UINT2", "FLOAT6E2M3", "FLOAT6E3M2")
+
+
+def _function_external_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Tensor attributes of the model's local functions whose data is in external files."""
+    for function in model.functions:
+        for node in function.node:
+            for attr in node.attribute:
+                for tensor in (attr.t,) if attr.type == onnx.AttributeProto.TENSOR else attr.tensors:
+                    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                        yield tensor
+
+
+def _inline_external(tensors: list[onnx.TensorProto], label: Path) -> None:
+    """Read these tensors' external data into them: the converter leaves local
+    functions as they are, and writes only the graphs' tensors to the
+    output's data file (the output must not point at the input's)."""
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    for tensor in tensors:
+        try:
+            load_external_data_for_tensor(tensor, str(label.parent))
+        except (OSError, ValueError, RuntimeError) as e:
+            raise AmpError(f"{label}: cannot read the external data of tensor {tensor.name!r} ({_detail(e)})") from None
+        del tensor.external_data[:]
+        tensor.data_location = onnx.TensorProto.DEFAULT
 
 
 def _load_external_data(model: onnx.ModelProto, tensors: list[onnx.TensorProto], label: Path) -> None:

@@ -307,3 +307,37 @@ def test_compare_counts_the_external_data_of_both_models(source, tmp_path):
     assert size["before_bytes"] == sum(p.stat().st_size for p in source.parent.iterdir())
     assert size["after_bytes"] == sum(p.stat().st_size for p in out.parent.iterdir())
     assert size == json.loads((tmp_path / "c.json").read_text())["size"]
+
+
+def test_a_local_functions_external_constant_is_read_in_and_the_output_loads_elsewhere(tmp_path):
+    """A Constant in a local function, its value in the input's data file:
+    the converter leaves functions as they are, so the value is read in and
+    written inline; the output, in another folder, does not point at the
+    input's data file (it did, and loaded nowhere else)."""
+    eye = np.eye(64, dtype=np.float32)
+    body = [
+        helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(eye, "cw")),
+        helper.make_node("MatMul", ["a", "k"], ["o"]),
+    ]
+    function = helper.make_function("local", "Lin", ["a"], ["o"], body, opset_imports=[helper.make_opsetid("", 17)])
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"), helper.make_node("Lin", ["m"], ["y"], domain="local")]
+    graph = helper.make_graph(nodes, "g", [value("x", shape=(4, 64))], [value("y", shape=(4, 64))], [init("W", eye)])
+    m = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)], functions=[function]
+    )
+    m.ir_version = 8
+    (tmp_path / "in").mkdir()
+    src = tmp_path / "in" / "m.onnx"
+    onnx.save(m, str(src), save_as_external_data=True, location="w.bin", size_threshold=0, convert_attribute=True)
+    assert any(
+        t.data_location == onnx.TensorProto.EXTERNAL
+        for t in [n.attribute[0].t for n in onnx.load(str(src), load_external_data=False).functions[0].node[:1]]
+    )
+    out = tmp_path / "out" / "o.onnx"
+    out.parent.mkdir()
+    proc = cli(str(src), "--level", "O2", "-o", str(out), "-q")
+    assert proc.returncode == 0, proc.stderr
+    written = onnx.load(str(out), load_external_data=False)
+    assert written.functions[0].node[0].attribute[0].t.data_location == onnx.TensorProto.DEFAULT
+    x = RNG.standard_normal((4, 64)).astype(np.float32)
+    assert np.allclose(run_path(out, x), x, atol=0.05)
