@@ -8,7 +8,8 @@ Order of the rules (first match wins):
 
 1. nodes with no float32 tensor are left unchanged (integer, bool, already low);
 2. control flow keeps its interface types (its bodies get plans of their own);
-   quantized ops, ops of unknown type, and custom-domain ops not named in a
+   quantized ops, ops of unknown type, calls of the model's local functions
+   (their bodies are left as they are), and custom-domain ops not named in a
    list stay float32; level O0 changes nothing;
 3. user rules: ``--keep-fp32`` then ``--force-low`` (node-name regexes);
 4. source ops (Constant, Cast(to=float), RandomNormal ...) take the precision
@@ -345,6 +346,7 @@ class Planner:
         self.lists = lists
         self.ranges = ranges
         self.opsets = model_opsets(model)
+        self.local_functions = frozenset((f.domain, f.name) for f in model.functions)
         self.keep_patterns = options.patterns("keep_fp32")
         self.force_patterns = options.patterns("force_low")
         self.safety = options.safety_on
@@ -558,6 +560,9 @@ class Planner:
             return Precision.FP32, "unknown-type", "a tensor's type is unknown (or it is a sequence); left as it is", _FIXED
         if default_domain and self._sig(ctx, i) is None:
             return Precision.FP32, "schema", f"no schema for {op} at this opset", _FIXED
+        if (domain, op) in self.local_functions:  # (whatever the lists say: low inputs would not fit its fp32 body)
+            why = f"calls the model's local function {key}, whose body is left as it is: it reads and writes fp32"
+            return Precision.FP32, "local-function", why, _FIXED
         if not default_domain and key not in self.lists.white and not self._forced(label):
             return Precision.FP32, "custom-domain", f"custom-domain op {key}: fp32 unless on the white list", _FIXED
         for pattern in self.keep_patterns:

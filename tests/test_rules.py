@@ -1120,3 +1120,28 @@ def test_an_opset_upgrade_keeps_the_models_local_functions(how):
     if how.get("dtype") != "bf16":
         feed = {"x": RNG.standard_normal((1, 4)).astype(np.float32)}
         assert close(run(out, feed)[0], run(m, feed)[0])
+
+
+@pytest.mark.parametrize("how", [{"white_list": ("local::Lin",)}, {"force_low": ("^call$",)}, {}])
+def test_a_call_of_a_local_function_stays_fp32_whatever_the_lists_say(how):
+    """The function's body is left as it is (fp32): a call handed low inputs
+    would not fit it (white-listed, the conversion always failed the checker)."""
+    eye = np.eye(4, dtype=np.float32)
+    body = [
+        helper.make_node("Constant", [], ["k"], value=onnx.numpy_helper.from_array(eye, "cw")),
+        helper.make_node("MatMul", ["a", "k"], ["o"]),
+    ]
+    function = helper.make_function("local", "Lin", ["a"], ["o"], body, opset_imports=[helper.make_opsetid("", 17)])
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
+        helper.make_node("Lin", ["m"], ["y"], name="call", domain="local"),
+    ]
+    graph = helper.make_graph(nodes, "g", [value("x", shape=(1, 4))], [value("y", shape=(1, 4))], [init("W", eye)])
+    m = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)], functions=[function]
+    )
+    m.ir_version = 8
+    out, plan = convert(m, level="O2", **how)  # (the full check runs)
+    assert plan.by_name("call").precision is Precision.FP32 and plan.by_name("call").rule == "local-function"
+    feed = {"x": RNG.standard_normal((1, 4)).astype(np.float32)}
+    assert close(run(out, feed)[0], run(m, feed)[0])
