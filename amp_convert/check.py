@@ -34,7 +34,7 @@ def check_file(path: str | os.PathLike, mode: str = "full") -> None:
     its schema allows), which would read all the external data into memory."""
     if mode == "none":
         return
-    _run_checker(os.fspath(path), "basic")
+    _run_checker(checkable(os.fspath(path)), "basic")
     if mode == "full":
         try:
             graph_only = onnx.load(os.fspath(path), load_external_data=False)
@@ -42,6 +42,18 @@ def check_file(path: str | os.PathLike, mode: str = "full") -> None:
         except (onnx.shape_inference.InferenceError, ValueError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ConversionError(f"the converted model fails the ONNX checker: {first}") from e
+
+
+def checkable(path: str) -> str | onnx.ModelProto:
+    """``path`` for onnx's checker, which opens only paths that are UTF-8;
+    another (a byte the file system allows) is read here, external data
+    included (the checker would look for a data file beside the process,
+    not the model)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return onnx.load(path)
+    return path
 
 
 def _run_checker(model: onnx.ModelProto | str, mode: str) -> None:

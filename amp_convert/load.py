@@ -523,6 +523,10 @@ def check_input_model(model: onnx.ModelProto | bytes | str, label: str, *, full_
     only move the breakage. ``model`` may be the serialized bytes or the path
     (no re-serialization: much faster on large models). ``full_check`` also
     runs strict shape and type inference."""
+    if isinstance(model, str):
+        from .check import checkable
+
+        model = checkable(model)
     try:
         onnx.checker.check_model(model, full_check=full_check)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError, RuntimeError) as e:

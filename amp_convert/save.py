@@ -247,6 +247,13 @@ def save_model(
                 before_commit(tmp)
         return
     data_name = f"{target.name}.data"
+    try:
+        data_name.encode("utf-8")
+    except UnicodeEncodeError:  # (a byte the file system allows, which no ONNX string can hold)
+        raise AmpError(
+            f"{path}: the model would name its data file {data_name!r}, and ONNX strings are UTF-8; "
+            "choose an output name in UTF-8; nothing was written"
+        ) from None
     with staged_folder(target, [target.name, data_name]) as stage:
         write_with_external_data(model, stage / target.name, data_name, source)
         if before_commit is not None:

@@ -1639,3 +1639,28 @@ def test_a_converted_model_onnxruntime_cannot_load_is_no_pass(tmp_path, per_node
     import onnxruntime as ort
 
     ort.InferenceSession(str(out / "ln.fp16.onnx"), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("external", [False, True])
+def test_file_names_that_are_not_utf8_convert(tmp_path, external):
+    """A byte the file system allows but UTF-8 does not (onnx's checker opens
+    only UTF-8 paths: the output's check was an internal error); the input
+    with its data in a file beside it, or not."""
+    odd = os.fsdecode(b"m\xff")
+    src = tmp_path / f"{odd}.onnx"
+    if external:
+        onnx.save(onnx.load(str(ZOO / "lstm.onnx")), str(src), save_as_external_data=True, location="w.bin", size_threshold=0)
+    else:
+        src.write_bytes(_zoo_bytes("lstm"))
+    out = tmp_path / f"{odd}.fp16.onnx"
+    args = [EXE, src, "-o", out, "--no-validate"]
+    inline = ["--external-data", "never"] if external else []  # (else, read with external data, written with it)
+    proc = subprocess.run([*map(str, args), *inline], capture_output=True, text=True, errors="replace", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert onnx.load(str(out)).graph.node
+    # Written with external data, the model would hold its data file's name, which no ONNX string can.
+    out.unlink()
+    before = snapshot(tmp_path)
+    proc = subprocess.run([*map(str, args), "--external-data", "always"], capture_output=True, text=True, errors="replace")
+    assert proc.returncode == 2 and "ONNX strings are UTF-8" in proc.stderr and "Traceback" not in proc.stderr
+    assert snapshot(tmp_path) == before
