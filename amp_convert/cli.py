@@ -540,17 +540,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         # Every output is checked before anything is converted or written.
         targets = {"-o": output, "-o's data file": output.with_name(f"{output.name}.data")}
         reports = (("--plan-json", "plan_json"), ("--report", "report"), ("--html", "html"))
-        targets.update({flag: kw[key] for flag, key in reports})
-        seen: dict[Path, str] = {}
-        for flag, target in targets.items():
-            if target is None:
-                continue
-            if flag != "-o's data file":
-                _check_output_path(model, target, flag)
-            key = target.resolve()
-            if key in seen:
-                raise AmpError(f"{target}: given as both {seen[key]} and {flag}; each output needs its own file")
-            seen[key] = flag
+        _check_outputs([model], {**targets, **{flag: kw[key] for flag, key in reports}}, unchecked=("-o's data file",))
         folder = model.parent
         input_files = loaded.external_files
         input_external = bool(input_files)
@@ -770,12 +760,7 @@ def compare_command(reference: Path, candidate: Path, **kw: Any) -> None:
     ref_loaded, cand_loaded = read_model(reference), read_model(candidate)  # (external data read into memory: the two
     ref_model, cand_model = ref_loaded.model, cand_loaded.model  # may live in different folders)
     remember_inputs(kw["inputs"])
-    if kw["report"] is not None and kw["html"] is not None and kw["report"].resolve() == kw["html"].resolve():
-        raise AmpError(f"{kw['report']}: given as both --report and --html; each output needs its own file")
-    for key in ("report", "html"):
-        if kw[key] is not None:
-            _check_output_path(reference, kw[key], f"--{key}")
-            _check_output_path(candidate, kw[key], f"--{key}")
+    _check_outputs([reference, candidate], {"--report": kw["report"], "--html": kw["html"]})
     source = _input_source(ref_model, kw)
     validation = _validate(ref_model, cand_model, source, kw, None)
     exit_code = EXIT_OK if validation.passed else EXIT_TOLERANCE
@@ -928,6 +913,23 @@ def _default_output(model: Path, dtype: str) -> Path:
     return model.with_name(f"{stem}.{dtype}.onnx")
 
 
+def _check_outputs(models: list[Path], targets: dict[str, Path | None], unchecked: Iterable[str] = ()) -> None:
+    """Refuse, before anything is written, an output given (by flag) that is
+    one of ``models`` or cannot be written as a file (``unchecked``: flags
+    whose path is not looked at, only compared), or two outputs of one file."""
+    seen: dict[Path, str] = {}
+    for flag, target in targets.items():
+        if target is None:
+            continue
+        if flag not in unchecked:
+            for model in models:
+                _check_output_path(model, target, flag)
+        key = target.resolve()
+        if key in seen:
+            raise AmpError(f"{target}: given as both {seen[key]} and {flag}; each output needs its own file")
+        seen[key] = flag
+
+
 def _check_output_path(model: Path, output: Path, flag: str) -> None:
     """Refuse the path given to ``flag`` (named in the message) when it is the
     input model or cannot be written as a file."""
@@ -973,12 +975,11 @@ def main(argv: list[str] | None = None, *, keep: list | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("amp-convert: interrupted", err=True)
         return 130
-    except OSError as e:
-        if e.filename is not None:  # a path given that the system refuses (too long, not allowed ...): the user's to change
+    except Exception as e:
+        if isinstance(e, OSError) and e.filename is not None:  # a path the system refuses (too long ...): the user's to change
             name = os.fsdecode(e.filename) if isinstance(e.filename, bytes) else str(e.filename)
             return _fail(f"{name}: {e.strerror or e}; nothing was written", EXIT_USAGE, debug)
-        return _fail(f"internal error: {type(e).__name__}: {e} (run with --debug for a traceback)", EXIT_INTERNAL, debug)
-    except Exception as e:  # a bug: still one line unless --debug
+        # a bug: still one line unless --debug
         return _fail(f"internal error: {type(e).__name__}: {e} (run with --debug for a traceback)", EXIT_INTERNAL, debug)
 
 

@@ -120,3 +120,24 @@ def redundant_casts(model: onnx.ModelProto, original: onnx.ModelProto) -> list[s
 
     visit(inferred.graph, {}, {})
     return problems
+
+
+def local_function_model(width: int, rows: int, opset: int, ir_version: int) -> onnx.ModelProto:
+    """x -> MatMul(W) -> a call of the model's local function local::Lin
+    (a Constant identity matrix and a MatMul) named "call" -> y; W is the
+    identity too, so y equals x."""
+    eye = np.eye(width, dtype=np.float32)
+    body = [
+        helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(eye, "cw")),
+        helper.make_node("MatMul", ["a", "k"], ["o"]),
+    ]
+    function = helper.make_function("local", "Lin", ["a"], ["o"], body, opset_imports=[helper.make_opsetid("", opset)])
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
+        helper.make_node("Lin", ["m"], ["y"], name="call", domain="local"),
+    ]
+    graph = helper.make_graph(nodes, "g", [value("x", shape=(rows, width))], [value("y", shape=(rows, width))], [init("W", eye)])
+    imports = [helper.make_opsetid("", opset), helper.make_opsetid("local", 1)]
+    m = helper.make_model(graph, opset_imports=imports, functions=[function])
+    m.ir_version = ir_version
+    return m

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from helpers import init, model, value
+from helpers import init, local_function_model, model, value
 from onnx import helper, numpy_helper
 from onnx.external_data_helper import convert_model_to_external_data
 
@@ -314,18 +314,7 @@ def test_a_local_functions_external_constant_is_read_in_and_the_output_loads_els
     the converter leaves functions as they are, so the value is read in and
     written inline; the output, in another folder, does not point at the
     input's data file (it did, and loaded nowhere else)."""
-    eye = np.eye(64, dtype=np.float32)
-    body = [
-        helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(eye, "cw")),
-        helper.make_node("MatMul", ["a", "k"], ["o"]),
-    ]
-    function = helper.make_function("local", "Lin", ["a"], ["o"], body, opset_imports=[helper.make_opsetid("", 17)])
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"), helper.make_node("Lin", ["m"], ["y"], domain="local")]
-    graph = helper.make_graph(nodes, "g", [value("x", shape=(4, 64))], [value("y", shape=(4, 64))], [init("W", eye)])
-    m = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)], functions=[function]
-    )
-    m.ir_version = 8
+    m = local_function_model(64, 4, opset=17, ir_version=8)
     (tmp_path / "in").mkdir()
     src = tmp_path / "in" / "m.onnx"
     onnx.save(m, str(src), save_as_external_data=True, location="w.bin", size_threshold=0, convert_attribute=True)

@@ -11,7 +11,22 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from helpers import BF16, F16, F32, I64, attr, casts_into, elem_types, init, init_type, model, nodes_of, run, value
+from helpers import (
+    BF16,
+    F16,
+    F32,
+    I64,
+    attr,
+    casts_into,
+    elem_types,
+    init,
+    init_type,
+    local_function_model,
+    model,
+    nodes_of,
+    run,
+    value,
+)
 from onnx import helper
 
 from amp_convert import ConvertOptions, Precision, convert
@@ -1102,18 +1117,7 @@ def test_an_opset_upgrade_keeps_the_models_local_functions(how):
     """onnx's version converter drops local functions; the upgraded model
     keeps them, each at the opsets it declares, and loads (a call to a
     function the model no longer had did not)."""
-    eye = np.eye(4, dtype=np.float32)
-    body = [
-        helper.make_node("Constant", [], ["k"], value=onnx.numpy_helper.from_array(eye, "cw")),
-        helper.make_node("MatMul", ["a", "k"], ["o"]),
-    ]
-    function = helper.make_function("local", "Lin", ["a"], ["o"], body, opset_imports=[helper.make_opsetid("", 12)])
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"), helper.make_node("Lin", ["m"], ["y"], domain="local")]
-    graph = helper.make_graph(nodes, "g", [value("x", shape=(1, 4))], [value("y", shape=(1, 4))], [init("W", eye)])
-    m = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 12), helper.make_opsetid("local", 1)], functions=[function]
-    )
-    m.ir_version = 7
+    m = local_function_model(4, 1, opset=12, ir_version=7)
     out, plan = convert(m, level="O2", **how)  # (the full check runs)
     assert [f.name for f in out.functions] == ["Lin"]
     assert any("local functions kept" in note for note in plan.notes)
@@ -1126,21 +1130,7 @@ def test_an_opset_upgrade_keeps_the_models_local_functions(how):
 def test_a_call_of_a_local_function_stays_fp32_whatever_the_lists_say(how):
     """The function's body is left as it is (fp32): a call handed low inputs
     would not fit it (white-listed, the conversion always failed the checker)."""
-    eye = np.eye(4, dtype=np.float32)
-    body = [
-        helper.make_node("Constant", [], ["k"], value=onnx.numpy_helper.from_array(eye, "cw")),
-        helper.make_node("MatMul", ["a", "k"], ["o"]),
-    ]
-    function = helper.make_function("local", "Lin", ["a"], ["o"], body, opset_imports=[helper.make_opsetid("", 17)])
-    nodes = [
-        helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
-        helper.make_node("Lin", ["m"], ["y"], name="call", domain="local"),
-    ]
-    graph = helper.make_graph(nodes, "g", [value("x", shape=(1, 4))], [value("y", shape=(1, 4))], [init("W", eye)])
-    m = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)], functions=[function]
-    )
-    m.ir_version = 8
+    m = local_function_model(4, 1, opset=17, ir_version=8)
     out, plan = convert(m, level="O2", **how)  # (the full check runs)
     assert plan.by_name("call").precision is Precision.FP32 and plan.by_name("call").rule == "local-function"
     feed = {"x": RNG.standard_normal((1, 4)).astype(np.float32)}
