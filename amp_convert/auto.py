@@ -2,8 +2,8 @@
 found by measurement.
 
 The search starts from O3 (everything low) with the safety rules on
-(unless ``--no-safety`` turned them off), and validates. While the model fails, it keeps in fp32 the low nodes that the
-per-node diff ranks worst (one, then two, four ...: the error a node adds
+(unless ``--no-safety`` turned them off), and validates. While the model
+fails, it keeps in fp32 the low nodes that the per-node diff ranks worst (one, then two, four ...: the error a node adds
 over its inputs, overflow first). Once it passes, it tries to give the kept
 nodes back in halves, least harmful first, and keeps what still passes.
 ``--auto-from O1|O2`` starts from a list level instead and grows: it tries to

@@ -659,6 +659,7 @@ def _inline_external(tensors: list[onnx.TensorProto], label: Path) -> None:
             raise AmpError(f"{label}: cannot read the external data of tensor {tensor.name!r} ({_detail(e)})") from None
         del tensor.external_data[:]
         tensor.data_location = onnx.TensorProto.DEFAULT
+    _check_read_lengths(tensors, label)
 
 
 def _load_external_data(model: onnx.ModelProto, tensors: list[onnx.TensorProto], label: Path) -> None:
@@ -668,6 +669,11 @@ def _load_external_data(model: onnx.ModelProto, tensors: list[onnx.TensorProto],
         load_external_data_for_model(model, str(label.parent))
     except (OSError, ValueError, RuntimeError) as e:
         raise AmpError(f"{label}: cannot read the external data ({_detail(e)})") from None
+    _check_read_lengths(tensors, label)
+
+
+def _check_read_lengths(tensors: list[onnx.TensorProto], label: Path) -> None:
+    """Tensors whose external data was read in hold the bytes their shape and type need."""
     for tensor in tensors:
         expected = _expected_bytes(tensor)
         if expected is not None and len(tensor.raw_data) != expected:
