@@ -24,7 +24,7 @@ import onnx
 
 from .calibrate import Calibration
 from .check import check_converted
-from .graph import node_label
+from .graph import NodeLabels
 from .inputs import InputSource
 from .options import ConvertOptions
 from .pipeline import ConversionResult, convert
@@ -100,7 +100,9 @@ def compute_weights(model: onnx.ModelProto, calibration: Calibration | None) -> 
         return n
 
     weights = {}
-    for i, node in enumerate(model.graph.node):
+    nodes = model.graph.node
+    labels = NodeLabels([node.name for node in nodes], [node.op_type for node in nodes])
+    for i, node in enumerate(nodes):
         out = size(node.output[0]) if node.output else 0
         w = float(out or 1)
         op = node.op_type
@@ -118,7 +120,7 @@ def compute_weights(model: onnx.ModelProto, calibration: Calibration | None) -> 
         elif op in ("LSTM", "GRU", "RNN") and shapes.get(node.input[1]) and shapes.get(node.input[2]):
             gates_in, gates_hidden = shapes[node.input[1]], shapes[node.input[2]]
             w = float(out) * (gates_in[1] * gates_in[2] + gates_hidden[1] * gates_hidden[2]) / max(gates_in[2], 1)
-        weights[node_label(node, i)] = w
+        weights[labels[i]] = w
     return weights
 
 

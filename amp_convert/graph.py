@@ -54,6 +54,7 @@ class GraphContext:
     _op_codes: tuple[np.ndarray, int] | None = None
     _input_types: np.ndarray | None = None
     _names: list[str] | None = None
+    _labels: NodeLabels | None = None
     _consumers: dict[str, list[tuple[int, int]]] | None = None  # every tensor's readers, once asked for
     _some_readers: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # those gathered so far
 
@@ -178,7 +179,10 @@ class GraphContext:
         return self._output_slots
 
     def node_label(self, index: int) -> str:
-        return node_label(self.nodes[index], index)
+        """Node ``index``'s label (see :class:`NodeLabels`)."""
+        if self._labels is None:
+            self._labels = NodeLabels(self.node_names(), self.ops)
+        return self._labels[index]
 
     def walk(self) -> Iterator[GraphContext]:
         """This graph and all nested subgraphs, outer before inner."""
@@ -299,13 +303,25 @@ def distinct_rows(ctx: GraphContext, codes: np.ndarray) -> tuple[np.ndarray, np.
     return first, inverse.ravel()
 
 
-def node_label(node: onnx.NodeProto, index: int) -> str:
-    return label_of(node.name, node.op_type, index)
+class NodeLabels:
+    """How plans, reports and name rules call a graph's nodes: a node's name,
+    or, for an unnamed one, ``OpType_index``, with ``#`` appended while a
+    node of the graph is named so (a rule naming one must not select both)."""
 
+    def __init__(self, names: list[str], ops: list[str]) -> None:
+        self._names, self._ops = names, ops
+        self._taken: set[str] | None = None  # (the names, gathered for the first unnamed node)
 
-def label_of(name: str, op_type: str, index: int) -> str:
-    """How plans, reports and name rules call a node: its name, or OpType_index."""
-    return name or f"{op_type}_{index}"
+    def __getitem__(self, index: int) -> str:
+        name = self._names[index]
+        if name:
+            return name
+        label = f"{self._ops[index]}_{index}"
+        if self._taken is None:
+            self._taken = set(self._names)
+        while label in self._taken:
+            label += "#"
+        return label
 
 
 def check_utf8(names: Iterable) -> None:
@@ -382,7 +398,7 @@ def build_context(
         node = ctx.nodes[i]
         if not any(a.type in SUBGRAPH_ATTRIBUTE_TYPES for a in node.attribute):
             continue
-        label = node_label(node, i)
+        label = ctx.node_label(i)
         while label in labels:  # (two nodes of one name: each body needs a path of its own)
             label = f"{label}#{i}"
         labels.add(label)

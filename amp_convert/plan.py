@@ -39,7 +39,7 @@ import numpy as np
 import onnx
 
 from .dtypes import FLOAT, LowDtype
-from .graph import UNTYPED, GraphContext, SlotTable, cast_to, check_utf8, distinct_rows, label_of
+from .graph import UNTYPED, GraphContext, NodeLabels, SlotTable, cast_to, check_utf8, distinct_rows
 from .lists import (
     CONTROL_FLOW_OPS,
     DTYPE_AGNOSTIC_INPUTS,
@@ -95,7 +95,8 @@ class GraphEntries(Sequence[PlanEntry]):
 
     def __init__(self, path: str, names: list[str], ops: list[str], domains: list[str], rows: list[tuple]) -> None:
         self.path = path
-        self._names, self._ops, self._domains = names, ops, domains  # (the index's columns; names checked UTF-8)
+        self._ops, self._domains = ops, domains  # (the index's columns; names checked UTF-8)
+        self._labels = NodeLabels(names, ops)
         self.rows = rows  # (precision, rule, reason, low inputs, low outputs)
         # Per node: its row, or -1 where it has an entry. The planner appends
         # a row number here itself (its loop's one step for most nodes).
@@ -145,8 +146,8 @@ class GraphEntries(Sequence[PlanEntry]):
         return f"GraphEntries({self.path!r}, {len(self)} entries)"
 
     def label(self, i: int) -> str:
-        """Node ``i``'s label (see :func:`graph.label_of`)."""
-        return label_of(self._names[i], self._ops[i], i)
+        """Node ``i``'s label (see :class:`graph.NodeLabels`)."""
+        return self._labels[i]
 
     def add(self, entry: PlanEntry) -> None:
         """The next node's entry, decided on its own."""

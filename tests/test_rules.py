@@ -142,6 +142,24 @@ def test_node_name_rules_beat_the_lists():
     assert plan.by_name("mid0").precision is Precision.LOW and plan.by_name("mid0").rule == "user-force-low"
 
 
+def test_an_unnamed_node_is_labelled_apart_from_a_node_named_like_its_label():
+    """An unnamed node is labelled OpType_index; where another node holds
+    that name, a rule naming that node must not also select the unnamed one,
+    and the plan's labels stay one per node (auto's weights key on them)."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h0"]),  # unnamed: MatMul_0
+        helper.make_node("Softmax", ["h0"], ["h1"], name="sm", axis=-1),
+        helper.make_node("MatMul", ["h1", "W2"], ["y"], name="MatMul_0"),
+    ]
+    m = model(nodes, [value("x")], [value("y")], [init("W1", w(4, 4)), init("W2", w(4, 4))])
+    _, plan = convert(m, level="O2", keep_fp32=["^MatMul_0$"])
+    entries = plan.entries[""]
+    assert len({e.name for e in entries}) == 3
+    assert entries[2].name == "MatMul_0" and entries[2].rule == "user-keep-fp32"
+    assert entries[0].name != "MatMul_0" and entries[0].precision is Precision.LOW
+    assert plan.by_name(entries[0].name) is entries[0]
+
+
 def batchnorm_model():
     x = value("x", shape=(1, 2, 3, 3))
     nodes = [
