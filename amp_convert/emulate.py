@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .dtypes import LOW_DTYPES
 from .errors import AmpError
 from .external import read_array
 from .graph import GraphContext, NameGenerator, build_context, name_in_use
@@ -81,9 +82,25 @@ def decide_emulation(
     return False, "real low-precision run on CUDA"
 
 
+def low_inputs(model: onnx.ModelProto) -> dict[str, np.dtype]:
+    """The graph inputs ``model`` reads in fp16/bf16 (--io-types low) -> that
+    dtype in numpy. Its twin reads them float32: whoever feeds the twin
+    rounds their feeds to that dtype first, as a low feed would be (a
+    graph output that is such an input is then rounded too, which no node
+    of the twin could do)."""
+    numpy = {d.onnx_type: d.numpy for d in LOW_DTYPES.values()}
+    return {
+        v.name: numpy[v.type.tensor_type.elem_type]
+        for v in model.graph.input
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in LOW_TYPES
+    }
+
+
 def emulation_twin(model: onnx.ModelProto, base_dir: Path | None = None) -> onnx.ModelProto:
-    """A float32 copy of ``model`` that rounds every fp16/bf16 tensor
-    (``base_dir``: where its external data lives, if it has any)."""
+    """A float32 copy of ``model`` that rounds every fp16/bf16 tensor its
+    nodes make (``base_dir``: where its external data lives, if it has
+    any); its low graph inputs' feeds are rounded by the caller (see
+    :func:`low_inputs`)."""
     twin = onnx.ModelProto()
     twin.CopyFrom(model)
     ctx = build_context(twin.graph)
@@ -120,24 +137,10 @@ def _retype(values) -> None:
 def _rewrite(ctx: GraphContext, names: NameGenerator, base_dir: Path | None) -> None:
     graph = ctx.graph
     new_nodes: list[onnx.NodeProto] = []
-    renames: dict[str, str] = {}
-    if ctx.parent is None:
-        for v in graph.input:
-            t = v.type.tensor_type.elem_type if v.type.HasField("tensor_type") else 0
-            if t in LOW_TYPES:  # --io-types low: the twin takes fp32 feeds and rounds them as a low feed would be
-                v.type.tensor_type.elem_type = TensorProto.FLOAT
-                rounded, wide = names(f"{v.name}_emulated_low"), names(f"{v.name}_emulated_fp32")
-                new_nodes.append(helper.make_node("Cast", [v.name], [rounded], to=t, name=names(f"{rounded}_cast")))
-                new_nodes.append(helper.make_node("Cast", [rounded], [wide], to=TensorProto.FLOAT, name=names(f"{wide}_cast")))
-                renames[v.name] = wide
-    else:
-        _retype(graph.input)
+    _retype(graph.input)  # (the main graph's: see low_inputs)
     for tensor in graph.initializer:
         _float_value(tensor, base_dir)
     for node in ctx.nodes:
-        for slot, name in enumerate(node.input):
-            if name in renames:
-                node.input[slot] = renames[name]
         if node.op_type in ("Constant", "ConstantOfShape"):
             for a in node.attribute:
                 if a.name == "value":
@@ -164,22 +167,8 @@ def _rewrite(ctx: GraphContext, names: NameGenerator, base_dir: Path | None) -> 
                 a.i = TensorProto.FLOAT
         new_nodes.append(node)
         new_nodes.extend(rounding)
-    if renames:
-        _rename_captured(new_nodes, renames)
     _retype(graph.output)
     _retype(graph.value_info)
     graph.ClearField("node")
     graph.node.extend(new_nodes)
 
-
-def _rename_captured(nodes: list[onnx.NodeProto], renames: dict[str, str]) -> None:
-    """Subgraphs read outer names directly: point them at the widened inputs."""
-    for node in nodes:
-        for a in node.attribute:
-            graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
-            for g in graphs:
-                for inner in g.node:
-                    for slot, name in enumerate(inner.input):
-                        if name in renames:
-                            inner.input[slot] = renames[name]
-                _rename_captured(list(g.node), renames)

@@ -14,7 +14,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from .dtypes import FLOAT_TYPES
-from .emulate import LOW_TYPES, decide_emulation, emulation_twin, low_io
+from .emulate import LOW_TYPES, decide_emulation, emulation_twin, low_inputs, low_io
 from .errors import AmpError
 from .external import PROTOBUF_LIMIT, has_external, payload_bytes, write_with_external_data
 from .metrics import is_float
@@ -155,9 +155,14 @@ class Runnable:
     inputs: dict[str, np.dtype]
     twin: onnx.ModelProto | None = None  # the emulation twin that runs, for another session of it
     aliases: dict[str, str] | None = None  # float32 copy -> bf16 tensor it stands for
+    rounded: dict[str, np.dtype] | None = None  # the twin's inputs whose feeds it rounds (emulate.low_inputs)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = run(self.session, conform(feeds, self.inputs))
+        feeds = conform(feeds, self.inputs)
+        for name, low in (self.rounded or {}).items():
+            if name in feeds:
+                feeds[name] = feeds[name].astype(low).astype(np.float32)
+        values = run(self.session, feeds)
         for alias, name in (self.aliases or {}).items():
             values[name] = values.pop(alias)
         return values
@@ -218,7 +223,8 @@ def runnable(
         # trials) runs without that plan, its arena still recycling buffers.
         # (With tensors exposed the plan pays for itself in run time.)
         sess = session(exposed, provider, base_dir, plan_reuse=not (emulate and not tensors))
-        return Runnable(sess, emulate, note, input_dtypes(run_model), twin if emulate else None, aliases)
+        rounded = low_inputs(model) if emulate else None
+        return Runnable(sess, emulate, note, input_dtypes(run_model), twin if emulate else None, aliases, rounded)
 
     try:
         return start(emulated)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import jsonschema
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
@@ -750,3 +751,28 @@ def test_a_conversion_is_judged_by_the_tolerance_of_the_dtype_it_converts_to(tmp
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["validation"]["tolerance"] == DEFAULT_TOLERANCES["fp16"].as_dict()
     assert proc.returncode == 1  # (y = (x + 100) - 100 loses about 0.03 in fp16: over fp16's 0.011, within bf16's 0.06)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_a_low_graph_input_that_is_also_an_output_is_measured_rounded(dtype):
+    """Under --io-types low the model reads x in the low dtype and hands it
+    back as an output: that output is x rounded. The emulation must round
+    it too (no node of the twin makes it), or its error reads 0."""
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")]
+    m = model(
+        nodes,
+        [value("x", shape=(2, 8))],
+        [value("y", shape=(2, 8)), value("x", shape=(2, 8))],
+        [init("W", np.eye(8, dtype=np.float32))],
+    )
+    low = convert(m, level="O2", dtype=dtype, io_types="low").model
+    assert [v.type.tensor_type.elem_type for v in low.graph.output][1] != onnx.TensorProto.FLOAT
+    source = make_source(m, samples=1)
+    [feeds] = list(source)
+    x = feeds["x"]
+    result = validate(m, low, source, ValidationConfig(provider="cpu", dtype=dtype))
+    assert result.emulated
+    y_stats, x_stats = result.outputs
+    rounded = x.astype(np.float16 if dtype == "fp16" else ml_dtypes.bfloat16).astype(np.float32)
+    assert x_stats.max_abs_err == pytest.approx(float(np.abs(rounded - x).max())) and x_stats.max_abs_err > 0
+    assert y_stats.max_abs_err >= x_stats.max_abs_err  # (y = x @ I reads the rounded x too)
