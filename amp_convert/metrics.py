@@ -23,7 +23,8 @@ def is_float(dtype: np.dtype) -> bool:
 class Tolerance:
     """Pass/fail thresholds for one output.
 
-    A float output passes when it has no new NaN/Inf,
+    A float output passes when its NaN/Inf are those of the reference
+    (none new, none made finite),
     ``max_abs_err <= atol + rtol * max|ref|`` and ``cosine >= min_cosine``
     (not judged when every reference value lies within atol of zero);
     an integer or bool output when at least ``min_equal`` of its elements
@@ -73,6 +74,7 @@ class ErrorStats:
         self.max_rel_err = 0.0
         self.ref_nan = self.ref_inf = self.cand_nan = self.cand_inf = 0
         self.new_nonfinite = 0  # candidate NaN/Inf where the reference is finite
+        self.lost_nonfinite = 0  # reference NaN/Inf where the candidate is finite
         self.equal = 0
 
     def update(self, ref: np.ndarray, cand: np.ndarray) -> None:
@@ -100,6 +102,7 @@ class ErrorStats:
         self.cand_nan += int(np.count_nonzero(np.isnan(c)))
         self.cand_inf += int(np.count_nonzero(np.isinf(c)))
         self.new_nonfinite += _new_nonfinite(r, c, r_fin, c_fin)
+        self.lost_nonfinite += int(np.count_nonzero(~r_fin & c_fin))
         both = r_fin & c_fin
         if not both.all():
             r, c = r[both], c[both]
@@ -131,6 +134,7 @@ class ErrorStats:
         if not math.isfinite(sq_err):
             r_fin, c_fin = np.isfinite(r), np.isfinite(c)
             self.new_nonfinite += _new_nonfinite(r, c, r_fin, c_fin)
+            self.lost_nonfinite += int(np.count_nonzero(~r_fin & c_fin))
             both = r_fin & c_fin
             r, diff = r[both], diff[both]
             sq_err = float(np.dot(diff, diff))
@@ -159,8 +163,8 @@ class ErrorStats:
 
     @property
     def relative_rms(self) -> float:
-        """||ref - cand|| / ||ref||: the per-node error measure (inf on new NaN/Inf)."""
-        if self.new_nonfinite or self.shape_mismatch:
+        """||ref - cand|| / ||ref||: the per-node error measure (inf where NaN/Inf differ)."""
+        if self.new_nonfinite or self.lost_nonfinite or self.shape_mismatch:
             return math.inf
         if self.sum_sq_ref == 0.0:
             return 0.0 if self.sum_sq_err == 0.0 else math.inf
@@ -178,7 +182,7 @@ class ErrorStats:
             every = {"equal_fraction": self.equal_fraction >= tol.min_equal}
         else:
             every = {
-                "nonfinite": self.new_nonfinite == 0,
+                "nonfinite": self.new_nonfinite == 0 and self.lost_nonfinite == 0,
                 "max_abs_err": self.max_abs_err <= tol.atol + tol.rtol * self.max_abs_ref,
                 # Cosine says nothing about outputs that lie within atol of zero...
                 "cosine": self.cosine >= tol.min_cosine or self.max_abs_ref <= tol.atol,
@@ -200,7 +204,14 @@ class ErrorStats:
         reasons = {
             "shape": f"shape differs in {self.shape_mismatch} sample(s)",
             "equal_fraction": f"{self.equal_fraction:.4f} equal < {tol.min_equal}",
-            "nonfinite": f"{self.new_nonfinite} new NaN/Inf values",
+            "nonfinite": "; ".join(
+                text
+                for count, text in (
+                    (self.new_nonfinite, f"{self.new_nonfinite} new NaN/Inf values"),
+                    (self.lost_nonfinite, f"{self.lost_nonfinite} NaN/Inf values of the reference made finite"),
+                )
+                if count
+            ),
             "max_abs_err": f"max abs error {self.max_abs_err:.3g} > {tol.atol + tol.rtol * self.max_abs_ref:.3g}",
             "cosine": f"cosine {self.cosine:.5f} < {tol.min_cosine}",
         }
@@ -226,6 +237,7 @@ class ErrorStats:
                 cand_nan=self.cand_nan,
                 cand_inf=self.cand_inf,
                 new_nonfinite=self.new_nonfinite,
+                lost_nonfinite=self.lost_nonfinite,
             )
         if tol is not None:
             failures = self.verdict(tol, only)

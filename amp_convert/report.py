@@ -155,7 +155,7 @@ def _metric_rows(label: str, out: dict, tol: dict, judged_only: bool = False) ->
     if not judged_only:
         rows.append(("SNR dB", _snr(out), "", ""))
     nonfinite = f"{out['cand_nan'] + out['cand_inf']} (fp32: {out['ref_nan'] + out['ref_inf']})"
-    rows.append(("NaN/Inf", nonfinite, "no new", _pf(checks["nonfinite"])))
+    rows.append(("NaN/Inf", nonfinite, "as fp32's", _pf(checks["nonfinite"])))
     if not judged_only and out.get("warnings"):
         rows.append(("all zeros", "yes", "within --atol", "WARN"))
     return [(label if k == 0 else "", *row) for k, row in enumerate(rows)]

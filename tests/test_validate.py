@@ -437,6 +437,22 @@ def test_new_nan_or_inf_counts_every_change_of_kind():
     assert stats.verdict(DEFAULT_TOLERANCES["fp16"])
 
 
+def test_a_nan_or_inf_of_the_reference_made_finite_fails_and_is_counted():
+    """fp32 overflows to Inf where the candidate saturates at a finite value:
+    left out of the error sums (they compare finite pairs), it must still
+    be counted and fail, or a candidate that zeroes every Inf would pass."""
+    stats = ErrorStats("y")
+    stats.update(np.array([np.inf, np.nan, 1.0], np.float32), np.array([65504.0, 0.0, 1.0], np.float32))
+    assert stats.lost_nonfinite == 2 and stats.new_nonfinite == 0 and stats.max_abs_err == 0
+    assert stats.verdict(DEFAULT_TOLERANCES["fp16"]) == ["2 NaN/Inf values of the reference made finite"]
+    d = stats.as_dict(DEFAULT_TOLERANCES["fp16"])
+    assert d["lost_nonfinite"] == 2 and not d["passed"] and not d["checks"]["nonfinite"]
+    jsonschema.validate(d, {"$defs": report_schema()["$defs"], "$ref": "#/$defs/output_metrics"})
+    intermediate = ErrorStats("h", detailed=False)  # (the per-node diff)
+    intermediate.update(np.array([np.inf, 2.0], np.float32), np.array([1.0, 2.0], np.float32))
+    assert intermediate.lost_nonfinite == 1 and intermediate.relative_rms == math.inf
+
+
 def test_per_node_error_of_huge_values_is_measured_not_overflowed():
     stats = ErrorStats("t", detailed=False)
     stats.update(np.array([1e20, 1e20], np.float32), np.array([1e20, 1.001e20], np.float32))
