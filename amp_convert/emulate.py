@@ -140,11 +140,15 @@ def _rewrite(ctx: GraphContext, names: NameGenerator, base_dir: Path | None) -> 
     _retype(graph.input)  # (the main graph's: see low_inputs)
     for tensor in graph.initializer:
         _float_value(tensor, base_dir)
+    for sparse in graph.sparse_initializer:
+        _float_value(sparse.values, base_dir)
     for node in ctx.nodes:
         if node.op_type in ("Constant", "ConstantOfShape"):
             for a in node.attribute:
                 if a.name == "value":
                     _float_value(a.t, base_dir)
+                elif a.name == "sparse_value":
+                    _float_value(a.sparse_tensor.values, base_dir)
             new_nodes.append(node)
             continue
         low_outputs = [(k, o) for k, o in enumerate(node.output) if o and ctx.types.get(o) in LOW_TYPES]
@@ -171,4 +175,3 @@ def _rewrite(ctx: GraphContext, names: NameGenerator, base_dir: Path | None) -> 
     _retype(graph.value_info)
     graph.ClearField("node")
     graph.node.extend(new_nodes)
-

@@ -792,3 +792,32 @@ def test_a_low_graph_input_that_is_also_an_output_is_measured_rounded(dtype):
     rounded = x.astype(np.float16 if dtype == "fp16" else ml_dtypes.bfloat16).astype(np.float32)
     assert x_stats.max_abs_err == pytest.approx(float(np.abs(rounded - x).max())) and x_stats.max_abs_err > 0
     assert y_stats.max_abs_err >= x_stats.max_abs_err  # (y = x @ I reads the rounded x too)
+
+
+def test_the_twin_reads_low_sparse_initializers_and_constants_as_float32():
+    """A low-precision reference may hold its weights sparse: the twin,
+    float32 throughout, must hold them float32 too (onnxruntime refuses a
+    float Add of an fp16 sparse weight)."""
+    from helpers import run
+
+    def sparse(name: str) -> onnx.SparseTensorProto:
+        values = onnx.numpy_helper.from_array(np.array([1.5, 2.25], np.float16), name)
+        return helper.make_sparse_tensor(values, onnx.numpy_helper.from_array(np.array([0, 3], np.int64)), [2, 2])
+
+    nodes = [
+        helper.make_node("Constant", [], ["c"], name="const", sparse_value=sparse("c")),
+        helper.make_node("Add", ["x", "W"], ["h"], name="add"),
+        helper.make_node("Add", ["h", "c"], ["y"], name="add2"),
+    ]
+    f16 = onnx.TensorProto.FLOAT16
+    graph = helper.make_graph(
+        nodes, "g", [value("x", shape=(2, 2), elem=f16)], [value("y", shape=(2, 2), elem=f16)], sparse_initializer=[sparse("W")]
+    )
+    low = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    x = np.ones((2, 2), np.float16)
+    twin = emulation_twin(low)
+    assert (
+        run(twin, {"x": x.astype(np.float32)})[0].tolist()
+        == run(low, {"x": x})[0].astype(np.float32).tolist()
+        == [[4, 1], [1, 5.5]]
+    )
