@@ -547,6 +547,8 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         node_count = len(reference.graph.node)
         size_before = _files_size(model, input_files)
         source = _input_source(reference, kw) if kw["validate"] else None
+        if source is not None and options.target_opset is not None:
+            _check_target_runs(reference, options.target_opset)
         calibration = _calibration(reference, source, options, kw, auto, folder)
         searched = None
         if auto:
@@ -805,6 +807,24 @@ def _validate(reference, candidate, source, kw: dict, plan, folder: Path | None 
         return validate(reference, candidate, source, config, plan, base_dir=folder, calibration=calibration)
     with click.progressbar(length=source.count() or 1, label="validating", file=sys.stderr) as bar:
         return validate(reference, candidate, source, config, plan, progress=bar.update, base_dir=folder, calibration=calibration)
+
+
+def _check_target_runs(model, target: int) -> None:
+    """Validation runs the model at the opset --target-opset asks for: one
+    onnxruntime cannot load is refused before anything is converted (else
+    its refusal would read as a conversion's failure)."""
+    import onnxruntime
+
+    from .opset import min_ir_for_opset
+    from .runner import version_refusal
+
+    ir_version = max(model.ir_version, min_ir_for_opset(target))
+    refusal = version_refusal(target, ir_version)
+    if refusal is not None:
+        raise AmpError(
+            f"--target-opset {target}: onnxruntime {onnxruntime.__version__} loads no model at opset {target} "
+            f"(IR version {ir_version}): {refusal}; give a lower --target-opset, or --no-validate to write it unvalidated"
+        )
 
 
 def _check_loads(model, provider: str) -> None:

@@ -7,11 +7,16 @@ opset (``--target-opset 22``: many ops admit bfloat16 only from opset 22).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import numpy as np
 import onnx
 import onnx.version_converter
+from onnx import helper, numpy_helper
 
 from .errors import AmpError
-from .schema import model_opsets
+from .graph import SUBGRAPH_ATTRIBUTE_TYPES, NodeLabels
+from .schema import is_default_domain, model_opsets
 
 
 def check_target_opset(model: onnx.ModelProto, target: int | None) -> None:
@@ -32,19 +37,162 @@ def upgrade_opset(model: onnx.ModelProto, target: int) -> tuple[onnx.ModelProto,
     if target <= current:
         return model, None
     ir_version = model.ir_version
+    prepared = _prepared(model, current, target)
     try:
-        upgraded = onnx.version_converter.convert_version(model, target)
+        upgraded = onnx.version_converter.convert_version(prepared, target)
     except Exception as e:  # the converter raises plain RuntimeErrors with C++ messages
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AmpError(f"cannot upgrade the model from opset {current} to {target}: {first}") from None
-    upgraded.ir_version = max(ir_version, _min_ir_for_opset(target))
+    if current <= 10:
+        _keep_old_resize(upgraded)
+    upgraded.ir_version = max(ir_version, min_ir_for_opset(target))
     if model.functions and not upgraded.functions:  # (the version converter drops local functions)
         upgraded.functions.extend(model.functions)  # (each declares the opsets its body is read at)
         return upgraded, f"opset upgraded from {current} to {target} (local functions kept as they are, at their own opsets)"
     return upgraded, f"opset upgraded from {current} to {target}"
 
 
-def _min_ir_for_opset(opset: int) -> int:
+# onnx's version converter changes what some ops compute; what it is given
+# and what it gives back is mended here so that the upgraded model computes
+# what the input did (as onnxruntime runs both), or the upgrade is refused.
+
+
+def _prepared(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelProto:
+    """What the version converter is given: unnamed nodes named by their
+    labels (the converter adds nodes, which would shift the labels that
+    plans and --keep-fp32 rules use), and each Hardmax of opset 12 or
+    below computed over two dimensions, the one case its adapter keeps."""
+    graphs = list(_graphs(model.graph))
+    for graph in graphs:
+        if current < 9 and any(n.op_type == "Scan" and is_default_domain(n.domain) for n in graph.node):
+            raise AmpError(
+                f"cannot upgrade the model from opset {current} to {target}: onnx's version converter drops Scan-8's "
+                "batch axis (the model's inputs would change shape); export the model at opset 9 or later"
+            )
+    hardmax = current <= 12 < target and any(_is_hardmax(n) for g in graphs for n in g.node)
+    if not hardmax and all(n.name for g in graphs for n in g.node):
+        return model
+    prepared = onnx.ModelProto()
+    prepared.CopyFrom(model)
+    graphs = list(_graphs(prepared.graph))
+    for graph in graphs:
+        labels = NodeLabels([n.name for n in graph.node], [n.op_type for n in graph.node])
+        for i, node in enumerate(graph.node):
+            if not node.name:
+                node.name = labels[i]
+    if hardmax:
+        if current < 5:
+            raise AmpError(f"cannot upgrade Hardmax from opset {current} to {target} faithfully: export at opset 5 or later")
+        taken = {n for g in graphs for n in _names(g)}
+        for graph in graphs:
+            _hardmax_over_2d(graph, taken)
+    return prepared
+
+
+def _hardmax_over_2d(graph: onnx.GraphProto, taken: set[str]) -> None:
+    """Hardmax before opset 13 flattens its input to 2-D at ``axis``; from
+    13 on it works along that one axis, and the converter keeps the axis.
+    Written as Flatten, Hardmax over axis 1, and Reshape back, it computes
+    the same at either opset."""
+
+    def new(base: str) -> str:
+        name, k = base, 0
+        while name in taken:
+            k += 1
+            name = f"{base}_{k}"
+        taken.add(name)
+        return name
+
+    nodes = []
+    for node in graph.node:
+        if not _is_hardmax(node):
+            nodes.append(node)
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+        x, y = node.input[0], node.output[0]
+        shape, flat, hard = new(f"{x}_shape"), new(f"{x}_2d"), new(f"{y}_2d")
+        nodes += [
+            helper.make_node("Shape", [x], [shape], name=new(f"{node.name}_shape")),
+            helper.make_node("Flatten", [x], [flat], name=new(f"{node.name}_flatten"), axis=axis),
+            helper.make_node("Hardmax", [flat], [hard], name=node.name, axis=1),
+            helper.make_node("Reshape", [hard, shape], [y], name=new(f"{node.name}_reshape")),
+        ]
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _is_hardmax(node: onnx.NodeProto) -> bool:
+    return node.op_type == "Hardmax" and is_default_domain(node.domain)
+
+
+def _keep_old_resize(model: onnx.ModelProto) -> None:
+    """Upsample and Resize-10 map output to input coordinates as
+    ``x / scale`` (Resize-11's "asymmetric"), and onnxruntime rounds their
+    nearest neighbour down where a scale enlarges and up where it shrinks;
+    the converter leaves Resize-11's defaults (half_pixel, round_prefer_floor).
+    Every Resize of an upgraded opset-10 model is one of those: its modes
+    are set to match. A nearest Resize whose scales are not constant, or
+    enlarge one axis and shrink another, has no such mode: refused."""
+    for graph, constants in _graphs_with_constants(model.graph, {}):
+        for node in graph.node:
+            if node.op_type != "Resize" or not is_default_domain(node.domain):
+                continue
+            modes = {"coordinate_transformation_mode": b"asymmetric"}
+            mode = next((a.s for a in node.attribute if a.name == "mode"), b"nearest")
+            if mode == b"nearest":
+                scales = constants.get(node.input[2]) if len(node.input) > 2 else None
+                scaled = set() if scales is None else {bool(s > 1) for s in scales.ravel().tolist() if s != 1}
+                if scales is None or len(scaled) > 1:
+                    why = "its scales are computed at run time" if scales is None else "it enlarges one axis and shrinks another"
+                    raise AmpError(
+                        f"cannot upgrade Resize node {node.name or node.output[0]!r} (Upsample or opset-10 Resize, nearest mode) "
+                        f"faithfully: {why}; export the model at opset 11 or later"
+                    )
+                modes["nearest_mode"] = b"ceil" if scaled == {False} else b"floor"
+            kept = [a for a in node.attribute if a.name not in modes]
+            del node.attribute[:]
+            node.attribute.extend([*kept, *(helper.make_attribute(k, v) for k, v in modes.items())])
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """A graph and every graph nested in its nodes' attributes."""
+    yield graph
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type in SUBGRAPH_ATTRIBUTE_TYPES:
+                for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+                    yield from _graphs(g)
+
+
+def _graphs_with_constants(graph: onnx.GraphProto, outer: dict) -> Iterator[tuple[onnx.GraphProto, dict[str, np.ndarray]]]:
+    """Each graph (as :func:`_graphs`) with the values of the constants it
+    sees: its own and outer scopes' initializers and Constant values."""
+    constants = dict(outer)
+    constants.update((t.name, numpy_helper.to_array(t)) for t in graph.initializer)
+    for node in graph.node:
+        if node.op_type == "Constant" and is_default_domain(node.domain):
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if value is not None:
+                constants[node.output[0]] = numpy_helper.to_array(value)
+    yield graph, constants
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type in SUBGRAPH_ATTRIBUTE_TYPES:
+                for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+                    yield from _graphs_with_constants(g, constants)
+
+
+def _names(graph: onnx.GraphProto) -> Iterator[str]:
+    """Every tensor and node name the graph holds."""
+    for node in graph.node:
+        yield node.name
+        yield from node.input
+        yield from node.output
+    for v in (*graph.input, *graph.output, *graph.value_info, *graph.initializer):
+        yield v.name
+
+
+def min_ir_for_opset(opset: int) -> int:
     """Oldest IR version that onnx pairs with a default-domain opset: that
     of the first onnx release to reach it (onnx.helper.VERSION_TABLE), so a
     runtime that reads the opset reads the IR (onnxruntime 1.31 reads IR 13

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -92,6 +93,24 @@ def session(model: onnx.ModelProto, provider: str, base_dir: str | os.PathLike |
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AmpError(f"onnxruntime cannot load the model: {first}") from None
+
+
+def version_refusal(opset: int, ir_version: int) -> str | None:
+    """Why onnxruntime loads no model at this default-domain opset and IR
+    version (None: it loads one), asked of a one-node model."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version)
+    try:
+        session(probe, "cpu")
+    except AmpError as e:
+        found = re.search(r"Unsupported model IR version[^)]*|[^.]*support for domain ai\.onnx is till opset \d+", str(e))
+        return found.group(0).strip() if found else str(e).removeprefix("onnxruntime cannot load the model: ")[:200]
+    return None
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -955,6 +955,26 @@ OPTION_ERRORS = {
 }
 
 
+def test_a_target_opset_onnxruntime_cannot_load_is_refused_before_converting(tmp_path, lstm):
+    """Validation runs the model at --target-opset: where onnxruntime loads
+    no model at that opset (or its IR version), the run is refused as a
+    usage error; it read as the conversion's failure (exit 3, blaming
+    onnxruntime's graph optimizations)."""
+    import onnx
+    import onnxruntime
+
+    from amp_convert.opset import min_ir_for_opset
+    from amp_convert.runner import version_refusal
+
+    newest = onnx.defs.onnx_opset_version()
+    if version_refusal(newest, min_ir_for_opset(newest)) is None:
+        pytest.skip(f"onnxruntime {onnxruntime.__version__} loads opset {newest}, the newest onnx knows")
+    out = tmp_path / "out.onnx"
+    out.write_bytes(OLD)
+    before = snapshot(tmp_path)
+    assert_refused(cli(lstm, "-o", out, "--target-opset", str(newest)), f"--target-opset {newest}: onnxruntime", before, tmp_path)
+
+
 def _config_case(tmp_path: Path, case: tuple) -> list[str]:
     args = case[0]
     if len(case) > 2 and case[2] is None:  # a Polygraphy input file whose array is empty

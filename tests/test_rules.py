@@ -31,6 +31,7 @@ from onnx import helper
 
 from amp_convert import ConvertOptions, Precision, convert
 from amp_convert.cleanup import count_casts
+from amp_convert.errors import AmpError
 
 RNG = np.random.default_rng(0)
 
@@ -1153,3 +1154,90 @@ def test_a_call_of_a_local_function_stays_fp32_whatever_the_lists_say(how):
     assert plan.by_name("call").precision is Precision.FP32 and plan.by_name("call").rule == "local-function"
     feed = {"x": RNG.standard_normal((1, 4)).astype(np.float32)}
     assert close(run(out, feed)[0], run(m, feed)[0])
+
+
+# ------------------------------------------------------------ opset upgrades
+
+
+def _resize(op: str, opset: int, mode: str, scale: float) -> onnx.ModelProto:
+    """One Upsample or Resize-10 of a 5x5 image by ``scale``."""
+    size = int(5 * scale)
+    scales = np.array([1, 1, scale, scale], np.float32)
+    if opset == 7:
+        nodes, inits = [helper.make_node(op, ["x"], ["y"], name="up", mode=mode, scales=scales.tolist())], []
+    else:
+        nodes, inits = [helper.make_node(op, ["x", "s"], ["y"], name="up", mode=mode)], [init("s", scales)]
+    return model(nodes, [value("x", shape=(1, 1, 5, 5))], [value("y", shape=(1, 1, size, size))], inits, opset=opset)
+
+
+UPGRADED = {
+    "Resize-10 nearest, enlarging by 1.7": lambda: _resize("Resize", 10, "nearest", 1.7),
+    "Resize-10 nearest, shrinking by 0.6": lambda: _resize("Resize", 10, "nearest", 0.6),
+    "Resize-10 linear": lambda: _resize("Resize", 10, "linear", 2.0),
+    "Upsample-7 linear": lambda: _resize("Upsample", 7, "linear", 3.0),
+    "Upsample-9 nearest": lambda: _resize("Upsample", 9, "nearest", 1.5),
+    "Hardmax-11 over axis 1 of three": lambda: model(
+        [helper.make_node("Hardmax", ["x"], ["y"], name="hm", axis=1)],
+        [value("x", shape=(2, 3, 4))],
+        [value("y", shape=(2, 3, 4))],
+        opset=11,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UPGRADED))
+def test_an_opset_upgrade_keeps_what_each_op_computes(case):
+    """bf16 Casts need opset 13 (as does --target-opset 13). onnx's version
+    converter gives Resize-11's defaults to Upsample and Resize-10 (other
+    coordinates and rounding) and keeps Hardmax-11's axis, over which
+    Hardmax-13 alone works: the upgraded model computed something else."""
+    m = UPGRADED[case]()
+    out, plan = convert(m, level="O0", target_opset=13)
+    assert out.opset_import[0].version == 13 and any("opset upgraded from" in note for note in plan.notes)
+    x = RNG.standard_normal([d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]).astype(np.float32)
+    assert np.array_equal(run(out, {"x": x})[0], run(m, {"x": x})[0])
+
+
+def test_an_upgrade_the_converter_cannot_make_faithfully_is_refused():
+    """Scan-8 has a batch axis Scan-9 has not (the converter drops it and the
+    model's inputs change shape); a nearest Resize-10 that enlarges one axis
+    and shrinks another has no Resize-11 rounding mode that matches."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["st", "xi"], ["st2"]), helper.make_node("Identity", ["st2"], ["so"])],
+        "body",
+        [value("st", shape=(1, 4)), value("xi", shape=(1, 4))],
+        [value("st2", shape=(1, 4)), value("so", shape=(1, 4))],
+    )
+    scan = model(
+        [helper.make_node("Scan", ["", "s0", "xs"], ["sf", "sos"], name="scan", body=body, num_scan_inputs=1)],
+        [value("s0", shape=(2, 1, 4)), value("xs", shape=(2, 3, 1, 4))],
+        [value("sf", shape=(2, 1, 4)), value("sos", shape=(2, 3, 1, 4))],
+        opset=8,
+    )
+    with pytest.raises(AmpError, match="drops Scan-8's batch axis"):
+        convert(scan, level="O1", dtype="bf16")
+    mixed = model(
+        [helper.make_node("Resize", ["x", "s"], ["y"], name="up", mode="nearest")],
+        [value("x", shape=(1, 1, 4, 4))],
+        [value("y", shape=(1, 1, 2, 8))],
+        [init("s", np.array([1, 1, 0.5, 2], np.float32))],
+        opset=10,
+    )
+    with pytest.raises(AmpError, match=r"'up'.*enlarges one axis and shrinks another"):
+        convert(mixed, level="O2", target_opset=13)
+
+
+def test_an_upgrade_keeps_the_labels_of_unnamed_nodes():
+    """Pad-10's pads become a Constant node at opset 11: labels made after
+    the upgrade shifted (the MatMul was MatMul_1 in the fp16 plan and
+    MatMul_2 in the bf16 one), and a rule copied from one plan missed in
+    the other. Unnamed nodes are named by their labels before the upgrade."""
+    nodes = [
+        helper.make_node("Pad", ["x"], ["p"], mode="constant", pads=[0, 1, 0, 1], value=0.5),
+        helper.make_node("MatMul", ["p", "W"], ["y"]),
+    ]
+    m = model(nodes, [value("x", shape=(1, 4))], [value("y", shape=(1, 4))], [init("W", w(6, 4))], opset=10)
+    for dtype in ("fp16", "bf16"):
+        plan = convert(m, level="O2", dtype=dtype, keep_fp32=["^MatMul_1$"]).plan
+        assert plan.by_name("MatMul_1").op_type == "MatMul" and plan.by_name("MatMul_1").rule == "user-keep-fp32"
+        assert plan.by_name("Pad_0").op_type == "Pad"
