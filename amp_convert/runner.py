@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -19,6 +18,7 @@ from .emulate import LOW_TYPES, decide_emulation, emulation_twin, low_inputs, lo
 from .errors import AmpError
 from .external import PROTOBUF_LIMIT, has_external, payload_bytes, write_with_external_data
 from .metrics import is_float
+from .save import scratch_folder
 
 PROVIDERS = ("auto", "cuda", "cpu")
 _CUDA = "CUDAExecutionProvider"
@@ -86,8 +86,8 @@ def session(model: onnx.ModelProto, provider: str, base_dir: str | os.PathLike |
     try:
         if not has_external(model) and payload_bytes(model) < PROTOBUF_LIMIT:
             return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
-        with tempfile.TemporaryDirectory(prefix="amp-convert-") as folder:
-            path = Path(folder) / "model.onnx"
+        with scratch_folder() as folder:
+            path = folder / "model.onnx"
             write_with_external_data(_copy(model), path, "model.onnx.data", Path(base_dir) if base_dir else None)
             return ort.InferenceSession(str(path), options, providers=providers)
     except Exception as e:

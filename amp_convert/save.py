@@ -85,6 +85,23 @@ class _Interrupts:
             raise WriteInterrupted(self.pending)
 
 
+@contextlib.contextmanager
+def scratch_folder() -> Iterator[Path]:
+    """A temporary folder (in the system's) that no SIGINT, SIGTERM or
+    SIGHUP leaves behind: onnxruntime reads a model with external data only
+    from files, and a large model's copy there is as large as the model."""
+    folder: Path | None = None
+    with _Interrupts() as interrupts:
+        try:
+            with interrupts.held():
+                folder = Path(tempfile.mkdtemp(prefix="amp-convert-"))
+            yield folder
+        finally:
+            with interrupts.held():
+                if folder is not None:
+                    shutil.rmtree(folder, ignore_errors=True)
+
+
 def check_output_path(target: str | os.PathLike) -> Path:
     """Raise AmpError unless ``target`` can be written: its folder exists and
     is writable, it is not a directory, and it is not a file an input model

@@ -1397,6 +1397,63 @@ def test_interrupt_mid_write_of_external_data_or_a_report_keeps_the_old_files(tm
     assert [p.name for p in out_dir.iterdir() if p.name.endswith(".tmp")] == []
 
 
+SLOW_SESSION = textwrap.dedent(
+    """
+    import sys, time
+    import amp_convert.runner
+
+    marker = sys.argv[1]
+    write_external = amp_convert.runner.write_with_external_data
+
+    def slow_copy(*args, **kwargs):
+        write_external(*args, **kwargs)  # the model's copy for onnxruntime, complete, in the scratch folder
+        open(marker, "w").close()
+        time.sleep(120)
+
+    amp_convert.runner.write_with_external_data = slow_copy
+    from amp_convert.cli import main
+
+    sys.exit(main(sys.argv[2:]))
+    """
+)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_interrupt_while_validation_copies_an_external_data_model_leaves_no_copy(tmp_path, signum):
+    """onnxruntime reads a model with external data only from files: for
+    validation it is copied to a scratch folder, as large as the model.
+    SIGTERM and SIGHUP kill Python without clean-up: the copy stayed."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    src = tmp_path / "m.onnx"
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+        [numpy_helper.from_array(np.eye(64, dtype=np.float32), "W")],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(m, str(src), save_as_external_data=True, location="m.data", size_threshold=0)
+    driver, marker = tmp_path / "driver.py", tmp_path / "copied"
+    driver.write_text(SLOW_SESSION)
+    args = [str(src), "-o", str(tmp_path / "out.onnx"), "-q"]
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    proc = subprocess.Popen([sys.executable, str(driver), str(marker), *args], stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 240
+    while not marker.exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "validation did not copy the model within 240 s"
+        time.sleep(0.05)
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("amp-convert-")]  # caught with the copy made
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "amp-convert: interrupted" in stderr and "Traceback" not in stderr
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("amp-convert-")] == []
+    assert not (tmp_path / "out.onnx").exists()
+
+
 def test_sigkill_mid_write_still_never_leaves_a_partial_target(tmp_path, big_model):
     """SIGKILL cannot be caught: the temporary file stays behind, the target is intact."""
     out_dir = tmp_path / "out"
