@@ -257,6 +257,47 @@ def test_auto_falls_back_to_fp32_and_says_so_when_no_trial_passes(tmp_path):
     assert any("no assignment met the tolerance" in n for n in searched.conversion.plan.notes)
 
 
+def test_auto_falling_back_to_o2_gives_back_the_nodes_it_kept_at_o3():
+    """The fp16 overflow is inside a Loop body, which the per-node diff does
+    not see: O3's error is blamed on a main-graph MatMul, kept fp32. O2
+    keeps the body's Exp fp32 and passes without it: the search, falling
+    back to O2, ends with no less low compute than plain O2 (it kept the
+    MatMul fp32 there too)."""
+    rng = np.random.default_rng(1)
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["ci"], ["co"]),
+            helper.make_node("MatMul", ["si", "W"], ["mm"]),
+            helper.make_node("Mul", ["mm", "k"], ["big"]),
+            helper.make_node("Exp", ["big"], ["e"]),  # (overflows in fp16)
+            helper.make_node("ReduceSum", ["e", "ax"], ["s"], keepdims=1),
+            helper.make_node("Div", ["e", "s"], ["so"]),
+        ],
+        "body",
+        [value("i", onnx.TensorProto.INT64, ()), value("ci", onnx.TensorProto.BOOL, ()), value("si", shape=(2, 8))],
+        [value("co", onnx.TensorProto.BOOL, ()), value("so", shape=(2, 8))],
+    )
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["a"], name="first"),
+        helper.make_node("Loop", ["M", "", "a"], ["l"], name="loop", body=body),
+        helper.make_node("MatMul", ["l", "W"], ["y"], name="last"),
+    ]
+    inits = [
+        init("W", (rng.standard_normal((8, 8)) * 0.3).astype(np.float32)),
+        init("M", np.array(2, np.int64)),
+        init("k", np.array(30.0, np.float32)),
+        init("ax", np.array([1], np.int64)),
+    ]
+    reference = model(nodes, [value("x", shape=(2, 8))], [value("y", shape=(2, 8))], inits, opset=13)
+    source = make_source(reference, samples=2, ranges=["x=-3:3"])
+    searched = _auto("loop", reference, source)
+    steps = [t.step for t in searched.trials]
+    assert "fall back to O2" in steps and searched.validation is not None and searched.validation.passed
+    o2 = next(t for t in searched.trials if t.step == "fall back to O2")
+    assert o2.kept_fp32 and searched.low_compute > o2.low_compute
+    assert searched.conversion.plan.by_name("first").precision is Precision.LOW
+
+
 def test_auto_from_o2_grows_and_is_deterministic():
     reference = onnx.load(ZOO["vit"]["path"])
     source = manifest_source(ZOO["vit"], reference)
