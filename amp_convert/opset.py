@@ -15,7 +15,7 @@ import onnx.version_converter
 from onnx import helper, numpy_helper
 
 from .errors import AmpError
-from .graph import SUBGRAPH_ATTRIBUTE_TYPES, NodeLabels
+from .graph import NodeLabels, node_subgraphs
 from .schema import is_default_domain, model_opsets
 
 
@@ -158,10 +158,8 @@ def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     """A graph and every graph nested in its nodes' attributes."""
     yield graph
     for node in graph.node:
-        for a in node.attribute:
-            if a.type in SUBGRAPH_ATTRIBUTE_TYPES:
-                for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
-                    yield from _graphs(g)
+        for _, body in node_subgraphs(node):
+            yield from _graphs(body)
 
 
 def _graphs_with_constants(graph: onnx.GraphProto, outer: dict) -> Iterator[tuple[onnx.GraphProto, dict[str, np.ndarray]]]:
@@ -176,10 +174,8 @@ def _graphs_with_constants(graph: onnx.GraphProto, outer: dict) -> Iterator[tupl
                 constants[node.output[0]] = numpy_helper.to_array(value)
     yield graph, constants
     for node in graph.node:
-        for a in node.attribute:
-            if a.type in SUBGRAPH_ATTRIBUTE_TYPES:
-                for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
-                    yield from _graphs_with_constants(g, constants)
+        for _, body in node_subgraphs(node):
+            yield from _graphs_with_constants(body, constants)
 
 
 def _names(graph: onnx.GraphProto) -> Iterator[str]:
