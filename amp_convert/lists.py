@@ -351,9 +351,10 @@ def resolve_lists(
     if level == "O3":
         # O3 runs everything low: no built-in black list, only the explicit switches below.
         black = {}
-    # keep_batchnorm_fp32: MindSpore's build_train_network switch (O2: True, O3: False).
-    keep_bn = keep_batchnorm_fp32 if keep_batchnorm_fp32 is not None else level == "O2"
-    if keep_bn and level in ("O2", "O3") and only_black_list is None:
+    # keep_batchnorm_fp32: MindSpore's build_train_network switch (O2: True, O3: False); an
+    # --only-black-list replaces the list BatchNormalization is on by default, not an explicit switch.
+    keep_bn = keep_batchnorm_fp32 if keep_batchnorm_fp32 is not None else (level == "O2" and only_black_list is None)
+    if keep_bn and level in ("O2", "O3"):
         black.setdefault(BATCHNORM, "keep_batchnorm_fp32")
     elif keep_batchnorm_fp32 is False and BATCHNORM in black:
         del black[BATCHNORM]

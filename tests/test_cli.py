@@ -203,6 +203,8 @@ def test_list_and_rule_flags_reach_the_plan(resnet, tmp_path):
     plan = _planned(resnet, tmp_path, "--only-black-list", "Conv")
     assert plan[""]["level"] == "O2" and _precisions(plan, "Conv") == {"fp32"} and plan["/fc/Gemm"]["precision"] == "low"
     assert _precisions(plan, "BatchNormalization") == {"low"}  # the list replaced: BatchNormalization is no longer on it
+    plan = _planned(resnet, tmp_path, "--only-black-list", "Conv", "--keep-batchnorm-fp32")
+    assert _precisions(plan, "BatchNormalization") == {"fp32"} and _precisions(plan, "Conv") == {"fp32"}  # unless asked
 
 
 def test_explain_and_plan_json(resnet, tmp_path, capsys):

@@ -69,3 +69,12 @@ def test_keep_batchnorm_switch():
     assert lists.resolve_lists("default", "O3", "fp16").kind("BatchNormalization") != "black"
     assert lists.resolve_lists("default", "O3", "fp16", keep_batchnorm_fp32=True).kind("BatchNormalization") == "black"
     assert lists.resolve_lists("mindspore", "O2", "fp16", keep_batchnorm_fp32=False).kind("BatchNormalization") != "black"
+
+
+def test_an_explicit_keep_batchnorm_switch_holds_with_an_only_black_list():
+    """The only-list replaces the default black list, BatchNormalization's
+    default place included, but not a switch the user gave."""
+    replaced = lists.resolve_lists("default", "O2", "fp16", only_black_list=["Softmax"])
+    assert replaced.kind("BatchNormalization") != "black"
+    kept = lists.resolve_lists("default", "O2", "fp16", only_black_list=["Softmax"], keep_batchnorm_fp32=True)
+    assert kept.kind("BatchNormalization") == "black" and kept.kind("Softmax") == "black"
