@@ -697,8 +697,8 @@ def _conversion_options(kw: dict) -> ConvertOptions:
         lists=kw["lists_profile"],
         white_list=_split_ops(kw["white_list"]),
         black_list=_split_ops(kw["black_list"]),
-        only_white_list=_split_ops(kw["only_white_list"]) or None,
-        only_black_list=_split_ops(kw["only_black_list"]) or None,
+        only_white_list=_only_list(kw["only_white_list"]),
+        only_black_list=_only_list(kw["only_black_list"]),
         keep_fp32=tuple(kw["keep_fp32"]),
         force_low=tuple(kw["force_low"]),
         keep_batchnorm_fp32=kw["keep_batchnorm_fp32"],
@@ -709,6 +709,12 @@ def _conversion_options(kw: dict) -> ConvertOptions:
         data_max=kw["data_max"],
         target_opset=kw["target_opset"],
     ).validated()
+
+
+def _only_list(values: tuple[str, ...]) -> tuple[str, ...] | None:
+    """An --only-*-list given, even as ``""``, replaces the built-in list (an empty one, as
+    the API's ``only_white_list=[]``); None when the option is absent."""
+    return _split_ops(values) if values else None
 
 
 def _calibration(reference, source, options: ConvertOptions, kw: dict, auto: bool, folder: Path):

@@ -10,6 +10,7 @@ from pathlib import Path
 import onnx
 import pytest
 
+from amp_convert import convert
 from amp_convert.cli import main
 
 ZOO = Path(__file__).resolve().parents[1] / "models" / "zoo"
@@ -205,6 +206,19 @@ def test_list_and_rule_flags_reach_the_plan(resnet, tmp_path):
     assert _precisions(plan, "BatchNormalization") == {"low"}  # the list replaced: BatchNormalization is no longer on it
     plan = _planned(resnet, tmp_path, "--only-black-list", "Conv", "--keep-batchnorm-fp32")
     assert _precisions(plan, "BatchNormalization") == {"fp32"} and _precisions(plan, "Conv") == {"fp32"}  # unless asked
+
+
+def test_an_empty_only_list_replaces_the_list_as_the_api_does(resnet, tmp_path):
+    """``--only-white-list ""`` is given, not absent: O1 with nothing white,
+    as ``convert(only_white_list=[])``; an empty only-black-list is O2 with none black."""
+    api = convert(str(resnet), only_white_list=[]).plan
+    for empty in ("", ","):
+        plan = _planned(resnet, tmp_path, "--only-white-list", empty)
+        assert plan[""]["level"] == api.level == "O1"
+        assert [n["precision"] for n in plan[""]["nodes"]] == [e.as_dict()["precision"] for e in api]
+        assert "low" not in _precisions(plan, "Conv")
+    plan = _planned(resnet, tmp_path, "--only-black-list", "")
+    assert plan[""]["level"] == "O2" and _precisions(plan, "BatchNormalization") == {"low"}
 
 
 def test_explain_and_plan_json(resnet, tmp_path, capsys):
