@@ -7,7 +7,9 @@ fails, it keeps in fp32 the low nodes that the per-node diff ranks worst (one, t
 over its inputs, overflow first). Once it passes, it tries to give the kept
 nodes back in halves, least harmful first, and keeps what still passes.
 ``--auto-from O1|O2`` starts from a list level instead and grows: it tries to
-run the fp32 nodes low, heaviest compute first, in halves. Every trial
+run the fp32 nodes low, heaviest compute first, in halves (an
+``--only-white-list`` or ``--only-black-list`` grows from the level it
+converts as, O1 or O2). Every trial
 counts against ``--max-trials``; the best passing trial wins (the fp32
 model itself if none passes). Inputs are seeded, so the search is
 deterministic.
@@ -295,21 +297,24 @@ def auto_convert(
     config: ValidationConfig,
     calibration: Calibration | None,
     max_trials: int = 12,
-    start: str = "O3",
+    start: str | None = None,
     check: str = "full",
     on_trial: Callable[[Trial], None] | None = None,
     external_dir: str | os.PathLike | None = None,
 ) -> AutoResult:
     """Search for the assignment with the most low-precision compute that
-    passes validation, in at most ``max_trials`` conversions + validations."""
+    passes validation, in at most ``max_trials`` conversions + validations.
+    ``start``: O1 or O2 to grow from that level (default: see :meth:`ConvertOptions.auto_start`)."""
     began = time.perf_counter()
+    start = options.auto_start(start)
     search = AutoSearch(reference, options, source, config, calibration, max_trials, check, on_trial, external_dir)
     if start == "O3":
         search.from_o3()
     else:
         search.from_level(start)
     if search.best is None:
-        fallback = convert(reference, replace(options, level="O0").validated(), check=check, external_dir=external_dir)
+        fp32 = replace(options, level="O0", only_white_list=None, only_black_list=None)  # (O0 takes no list)
+        fallback = convert(reference, fp32.validated(), check=check, external_dir=external_dir)
         fallback.plan.notes.append(f"auto: no assignment met the tolerance in {len(search.trials)} trials; the model stays fp32")
         return AutoResult(fallback, None, search.trials, start, time.perf_counter() - began, chosen=0)
     _, result, validation, number = search.best

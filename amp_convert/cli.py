@@ -525,6 +525,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     output = output or _default_output(model, options.dtype)
     if auto and not kw["validate"]:
         raise AmpError("--level auto measures accuracy: it cannot run with --no-validate")
+    start = options.auto_start(kw["auto_from"]) if auto else None
     # Without validation nothing runs the input before it is converted: the
     # checker runs beside the conversion, in a child process.
     # (which first works out, on another core, what the converter would otherwise read and gather itself)
@@ -552,7 +553,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         calibration = _calibration(reference, source, options, kw, auto, folder)
         searched = None
         if auto:
-            searched = _auto(reference, options, source, calibration, kw, folder)
+            searched = _auto(reference, options, start, source, calibration, kw, folder)
             result, validation = searched.conversion, searched.validation
             if validation is not None:  # (None: no trial passed, the fp32 model is written)
                 _check_loads(result.model, validation.provider)
@@ -735,7 +736,7 @@ def _calibration(reference, source, options: ConvertOptions, kw: dict, auto: boo
     return calibrate(reference, source, kw["provider"], base_dir=folder, emulate=kw["emulate"])
 
 
-def _auto(reference, options: ConvertOptions, source, calibration, kw: dict, folder: Path):
+def _auto(reference, options: ConvertOptions, start: str, source, calibration, kw: dict, folder: Path):
     from .auto import auto_convert
     from .validate import ValidationConfig
 
@@ -746,9 +747,7 @@ def _auto(reference, options: ConvertOptions, source, calibration, kw: dict, fol
 
     tolerance = _tolerance(kw, reference_low=options.dtype)
     config = ValidationConfig(kw["provider"], kw["emulate"], True, kw["top"], tolerance, kw["pin_choices"], options.dtype)
-    searched = auto_convert(
-        reference, options, source, config, calibration, kw["max_trials"], kw["auto_from"] or "O3", kw["check"], show, folder
-    )
+    searched = auto_convert(reference, options, source, config, calibration, kw["max_trials"], start, kw["check"], show, folder)
     if searched.validation is None and not kw["quiet"] and not kw["json_out"]:
         click.echo(
             f"auto: no low-precision assignment met the tolerance in {len(searched.trials)} trials; writing the fp32 model"

@@ -117,6 +117,18 @@ class ConvertOptions:
             raise AmpError(f"op type(s) in both --white-list and --black-list: {', '.join(both)}")
         return normalised
 
+    def auto_start(self, auto_from: str | None) -> str:
+        """The level ``--level auto`` starts from: ``auto_from``, else the level an only-list
+        converts as (a search at any other level would drop the list), else O3."""
+        flag, implied = "", None
+        if self.only_white_list is not None:
+            flag, implied = "--only-white-list", "O1"
+        elif self.only_black_list is not None:
+            flag, implied = "--only-black-list", "O2"
+        if implied is not None and auto_from not in (None, implied):
+            raise AmpError(f"{flag} converts as {implied}: with --level auto it cannot be used with --auto-from {auto_from}")
+        return auto_from or implied or "O3"
+
     def op_lists(self) -> OpLists:
         return resolve_lists(
             self.lists,

@@ -337,6 +337,35 @@ def test_auto_cli_writes_the_fp32_model_and_reports_it_when_no_trial_passes(tmp_
     assert onnx.TensorProto.FLOAT16 not in {t.data_type for t in onnx.load(str(out)).graph.initializer}
 
 
+@pytest.mark.parametrize(
+    ("only", "auto_from", "start"),
+    [("--only-black-list=LSTM", "O2", "O2"), ("--only-white-list=MatMul", "O1", "O1"), ("--only-white-list=MatMul", None, "O1")],
+)
+def test_auto_with_an_only_list_searches_at_its_level_and_falls_back_to_fp32(tmp_path, only, auto_from, start):
+    """An only-list converts as O1 (white) or O2 (black): auto grows from that
+    level, and when no trial passes writes the fp32 model (the fallback
+    failed: an only-list cannot be used with O0)."""
+    source = tmp_path / "lstm.onnx"
+    onnx.save(onnx.load(ZOO["lstm"]["path"]), str(source))
+    out, report = tmp_path / "a.onnx", tmp_path / "a.json"
+    flags = ["--atol", "0", "--rtol", "0", "--max-trials", "2", "-o", str(out), "--report", str(report)]
+    proc = cli(str(source), "--level", "auto", only, *(["--auto-from", auto_from] if auto_from else []), *flags)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(report.read_text())
+    assert data["auto"]["start"] == start and data["auto"]["trials"][0]["step"].startswith(start)
+    assert data["auto"]["chosen_trial"] == 0 and data["plan"]["counts"]["low"] == 0 and out.is_file()
+
+
+def test_auto_refuses_an_auto_from_level_the_only_list_does_not_convert_as(tmp_path):
+    source = tmp_path / "lstm.onnx"
+    onnx.save(onnx.load(ZOO["lstm"]["path"]), str(source))
+    proc = cli(str(source), "--level", "auto", "--only-white-list", "MatMul", "--auto-from", "O2", "-o", str(tmp_path / "a.onnx"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "--only-white-list converts as O1" in proc.stderr and "--auto-from O2" in proc.stderr
+    assert "--level O" not in proc.stderr  # (a level the user did not give)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lstm.onnx"]
+
+
 def test_auto_without_safety_rules_searches_without_them():
     """--no-safety at auto: no trial keeps a node fp32 by a safety rule; the
     search itself finds what overflows (the BatchNorm of variance 1e8)."""
