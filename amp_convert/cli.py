@@ -733,7 +733,10 @@ def _calibration(reference, source, options: ConvertOptions, kw: dict, auto: boo
         return None
     from .calibrate import calibrate
 
-    return calibrate(reference, source, kw["provider"], base_dir=folder, emulate=kw["emulate"])
+    calibration = calibrate(reference, source, kw["provider"], base_dir=folder, emulate=kw["emulate"])
+    if kw["calibration"] and not calibration.samples:  # (the rule would be off without a word; validation's own check
+        raise AmpError(f"no calibration samples in --calibration {', '.join(kw['calibration'])}")  # says it of --inputs)
+    return calibration
 
 
 def _auto(reference, options: ConvertOptions, start: str, source, calibration, kw: dict, folder: Path):

@@ -1062,6 +1062,16 @@ INPUT_FILE_ERRORS = {
         ["--calibration", "{tmp}/x.npz"],
         "error: --calibration {tmp}/x.npz: is not an .npz (zip) archive",
     ),
+    "calibration-without-samples": (  # (the calibrated rule would be off without a word)
+        lambda tmp: _write(tmp, b"[]", "in.json"),
+        ["--calibration", "{tmp}/in.json", "--no-validate"],
+        "error: no calibration samples in --calibration {tmp}/in.json",
+    ),
+    "calibration-without-samples-beside-validation": (
+        lambda tmp: _write(tmp, b"[]", "in.json"),
+        ["--calibration", "{tmp}/in.json"],
+        "error: no calibration samples in --calibration {tmp}/in.json",
+    ),
     "calibration-folder-names-its-flag": (
         lambda tmp: (tmp / "calib").mkdir(),
         ["--calibration", "{tmp}/calib"],
