@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import math
 import os
 import sys
@@ -29,7 +28,7 @@ from .external import PROTOBUF_LIMIT
 from .lists import LEVELS, PROFILES
 from .load import remember_inputs
 from .options import IO_TYPES, ConvertOptions
-from .report import build_report, html_report, terminal_table
+from .report import build_report, html_report, report_json, terminal_table
 from .runner import PROVIDERS
 
 if TYPE_CHECKING:
@@ -183,7 +182,7 @@ def _check_config_number(config: str, key: str, v: object, kind: click.ParamType
     into 1 and ``atol = true`` into 1.0."""
     if isinstance(kind, click.types.IntParamType):
         wanted, types = "an integer", (int,)
-    elif isinstance(kind, (click.types.FloatParamType, _Tolerance)):
+    elif isinstance(kind, _Finite):
         wanted, types = "a number", (int, float)
     else:
         return
@@ -272,22 +271,28 @@ def cli() -> None:
     """
 
 
-class _Tolerance(click.ParamType):
-    """A finite, non-negative float (a tolerance of NaN or infinity checks nothing)."""
+class _Finite(click.ParamType):
+    """A finite float from ``least`` (excluded when ``above``) to ``most``: a bound or
+    tolerance of NaN or infinity checks nothing, and click's FloatRange lets NaN through
+    (every comparison with it is false)."""
 
-    name = "tolerance"
+    def __init__(self, name: str, least: float, most: float = math.inf, above: bool = False):
+        self.name, self.least, self.most, self.above = name, least, most, above
 
     def convert(self, value, param, ctx):
         try:
             number = float(value)
         except (TypeError, ValueError):
             self.fail(f"{value!r} is not a number", param, ctx)
-        if not (math.isfinite(number) and number >= 0):
-            self.fail(f"{value!r}: expected a finite number >= 0", param, ctx)
+        low_ok = number > self.least if self.above else number >= self.least
+        if not (math.isfinite(number) and low_ok and number <= self.most):
+            span = f"> {self.least:g}" if self.above else f">= {self.least:g}"
+            span = span if math.isinf(self.most) else f"in [{self.least:g}, {self.most:g}]"
+            self.fail(f"{value!r}: expected a finite number {span}", param, ctx)
         return number
 
 
-_TOLERANCE = _Tolerance()
+_TOLERANCE = _Finite("tolerance", 0.0)
 
 
 def validation_options(f):
@@ -345,7 +350,7 @@ def validation_options(f):
         ),
         click.option(
             "--min-cosine",
-            type=click.FloatRange(-1.0, 1.0),
+            type=_Finite("float", -1.0, 1.0),
             default=None,
             help="Least cosine similarity per output (fp16 0.999, bf16 0.99). Example: --min-cosine 0.995",
         ),
@@ -437,7 +442,7 @@ def validation_options(f):
 )
 @click.option(
     "--data-max",
-    type=float,
+    type=_Finite("float", 0.0, above=True),
     default=None,
     help="Calibrated rule: nodes whose fp32 values exceed this stay fp32 (default: half the dtype's max). "
     "Example: --data-max 10000",
@@ -882,14 +887,14 @@ def _tolerance(kw: dict, reference_low: str):
 
 def _write_reports(files: TextFiles, report: dict, kw: dict) -> None:
     if kw["report"]:
-        files.write(kw["report"], json.dumps(report, indent=1))
+        files.write(kw["report"], report_json(report))
     if kw["html"]:
         files.write(kw["html"], html_report(report))
 
 
 def _echo_reports(report: dict, kw: dict) -> None:
     if kw["json_out"]:
-        click.echo(json.dumps(report, indent=1))
+        click.echo(report_json(report))
     elif not kw["quiet"] and report["validation"] is not None:
         click.echo(terminal_table(report))
 

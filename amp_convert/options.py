@@ -3,6 +3,7 @@ and config files."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -79,8 +80,8 @@ class ConvertOptions:
             raise AmpError(f"unknown list profile {self.lists!r}: use one of {', '.join(PROFILES)}")
         if self.io_types not in IO_TYPES:
             raise AmpError(f"unknown io types {self.io_types!r}: use 'keep' or 'low'")
-        if self.data_max is not None and not self.data_max > 0:
-            raise AmpError(f"--data-max must be positive, got {self.data_max!r}")
+        if self.data_max is not None and not 0 < self.data_max < math.inf:  # (NaN fails too)
+            raise AmpError(f"--data-max must be a finite number > 0, got {self.data_max!r}")
         if self.target_opset is not None and (
             not isinstance(self.target_opset, int) or isinstance(self.target_opset, bool) or self.target_opset < 1
         ):

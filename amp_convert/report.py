@@ -26,6 +26,13 @@ def report_schema() -> dict:
     return json.loads(text)
 
 
+def report_json(report: dict) -> str:
+    """The report as strict JSON, which has no NaN or Infinity: the report
+    writes non-finite metrics as null or "inf" (the schema says which), and
+    any that slipped through raises rather than make a file parsers refuse."""
+    return json.dumps(report, indent=1, allow_nan=False)
+
+
 def build_report(
     *,
     command: str,

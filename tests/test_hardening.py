@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 import mmap
 import os
 import random
@@ -33,7 +34,7 @@ import pytest
 from helpers import run
 from onnx import TensorProto, helper, numpy_helper
 
-from amp_convert import convert
+from amp_convert import ConvertOptions, convert
 from amp_convert import save as amp_save
 from amp_convert.cleanup import count_casts
 from amp_convert.errors import AmpError
@@ -931,6 +932,13 @@ OPTION_ERRORS = {
     "atol-nan": (["--atol", "nan"], "--atol"),
     "rtol-negative": (["--rtol", "-1"], "--rtol"),
     "min-cosine-above-1": (["--min-cosine", "2"], "--min-cosine"),
+    # NaN passes every range check (click's FloatRange too); infinity checks nothing, and is no JSON number
+    "min-cosine-nan": (["--min-cosine", "nan"], "'--min-cosine': 'nan': expected a finite number in [-1, 1]"),
+    "config-min-cosine-nan": (["--config", "{tmp}/c.toml"], "expected a finite number in [-1, 1]", "min_cosine = nan\n"),
+    "rtol-nan": (["--rtol", "nan"], "'--rtol': 'nan': expected a finite number >= 0"),
+    "data-max-nan": (["--data-max", "nan"], "'--data-max': 'nan': expected a finite number > 0"),
+    "data-max-infinite": (["--data-max", "inf"], "'--data-max': 'inf': expected a finite number > 0"),
+    "config-data-max-infinite": (["--config", "{tmp}/c.toml"], "expected a finite number > 0", "data-max = inf\n"),
     "top-negative": (["--top", "-1"], "--top"),
     "input-range-infinite": (["--input-range", "input=-inf:inf"], "finite LOW < HIGH"),
     "input-range-beyond-float32": (["--input-range", "input=-1e39:1e39"], "beyond float32's range"),
@@ -1098,6 +1106,12 @@ def test_generated_input_too_large_is_refused_before_allocating(tmp_path):
     before = snapshot(tmp_path)
     proc = cli(path, "-o", tmp_path / "out.onnx", "--input-shape", "x=100000000000x4")
     assert_refused(proc, "input 'x': a generated sample of shape [100000000000, 4]", before, tmp_path)
+
+
+@pytest.mark.parametrize("data_max", [math.inf, math.nan, 0.0])
+def test_a_data_max_that_checks_nothing_is_refused_through_the_api(data_max):
+    with pytest.raises(AmpError, match="--data-max must be a finite number > 0"):
+        ConvertOptions(data_max=data_max).validated()
 
 
 def test_negative_seed_is_refused_through_the_api():

@@ -62,12 +62,16 @@ def test_overflow_at_o3_exits_1_and_names_the_node_first(overflow_path, tmp_path
     proc = cli(str(overflow_path), "--level", "O3", "-o", str(out), "--report", str(report_path), "--input-range", "x=-2:2")
     assert proc.returncode == 1, proc.stderr
     assert not out.exists()  # out of tolerance: not written without --write-on-fail
-    report = json.loads(report_path.read_text())
+    report = json.loads(report_path.read_text(), parse_constant=_refuse_constant)  # (strict JSON: no NaN, Infinity)
     jsonschema.validate(report, report_schema())
     v = report["validation"]
     assert not v["passed"] and v["outputs"][0]["new_nonfinite"] > 0
     assert v["offenders"][0]["name"] == "exp" and v["offenders"][0]["error_after"] == "inf"
     assert "FAIL" in proc.stdout and "not written" in proc.stdout
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"not JSON: {name}")
 
 
 def test_same_model_at_o1_exits_0(overflow_path, tmp_path):
