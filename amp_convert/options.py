@@ -113,9 +113,15 @@ class ConvertOptions:
                 "force_low": _compile(self.force_low, "--force-low"),
             },
         )
-        both = sorted(set(normalised.white_list) & set(normalised.black_list))
-        if both:
-            raise AmpError(f"op type(s) in both --white-list and --black-list: {', '.join(both)}")
+        # An op both white and black is a contradiction whichever flags say it (the only-lists replace the built-in
+        # lists, not what the user adds to them).
+        whites = (("--white-list", normalised.white_list), ("--only-white-list", normalised.only_white_list or ()))
+        blacks = (("--black-list", normalised.black_list), ("--only-black-list", normalised.only_black_list or ()))
+        for white_flag, white in whites:
+            for black_flag, black in blacks:
+                both = sorted(set(white) & set(black))
+                if both:
+                    raise AmpError(f"op type(s) in both {white_flag} and {black_flag}: {', '.join(both)}")
         return normalised
 
     def auto_start(self, auto_from: str | None) -> str:

@@ -294,6 +294,8 @@ def test_help_gives_an_example_for_each_option(command, least):
         (["{model}", "--dtype", "fp8"], "--dtype"),
         (["{model}", "--white-list", "Convv"], "unknown ONNX op type 'Convv'"),
         (["{model}", "--white-list", "Add", "--black-list", "Add"], "both"),
+        (["{model}", "--only-white-list", "Gemm", "--black-list", "Gemm"], "in both --only-white-list and --black-list: Gemm"),
+        (["{model}", "--only-black-list", "Relu", "--white-list", "Relu"], "in both --white-list and --only-black-list: Relu"),
         (["{model}", "--only-white-list", "Conv", "--only-black-list", "Relu"], "not both"),
         (["{model}", "--keep-fp32", "("], "invalid regular expression"),
         (["{model}", "-o", "{model}"], "output is the input"),
