@@ -279,28 +279,32 @@ def _summary_line(report: dict) -> str:
 def _outputs_table(v: dict) -> str:
     head = "<table id='outputs'><tr><th>output</th><th>max abs err</th><th>limit</th><th>mean abs err</th>"
     head += "<th>max rel err</th><th>cosine</th><th>SNR dB</th><th>NaN/Inf (fp32)</th><th>result</th></tr>"
-    rows = [head]
-    for o in v["outputs"]:
-        ok = o["passed"]
-        cls = "good" if ok else "bad"
-        if o["kind"] == "exact" or o.get("shape_mismatch"):
-            detail = "shape differs" if o.get("shape_mismatch") else f"equal fraction {o.get('equal_fraction', 0):.4f}"
-            rows.append(
-                f"<tr><td>{html.escape(o['name'])}</td><td colspan='7'>{detail}</td>"
-                f"<td class='{cls}'>{'PASS' if ok else 'FAIL'}</td></tr>"
-            )
-            continue
-        nonfinite = f"{o['cand_nan'] + o['cand_inf']} ({o['ref_nan'] + o['ref_inf']})"
-        rows.append(
-            f"<tr><td>{html.escape(o['name'])}</td><td class='num'>{_fmt(o['max_abs_err'])}</td>"
-            f"<td class='num'>{_fmt(o['limit_abs_err'])}</td><td class='num'>{_fmt(o['mean_abs_err'])}</td>"
-            f"<td class='num'>{_fmt(o['max_rel_err'])}</td><td class='num'>{o['cosine']:.6f}</td>"
-            f"<td class='num'>{_snr(o)}</td>"
-            f"<td class='num'>{nonfinite}</td><td class='{cls}' title='{html.escape('; '.join(o['failures']))}'>"
-            f"{'PASS' if ok else 'FAIL'}</td></tr>"
-        )
-    rows.append("</table>")
+    judged = [(o["name"], o, False) for o in v["outputs"]]
+    # the values a pinned choice reads are judged too (as the terminal table shows)
+    judged += [(f"{o['name']} (choice input)", o, True) for o in v["pinned"]["inputs"]]
+    rows = [head, *(_output_row(*row) for row in judged), "</table>"]
+    failures = [
+        f"<li>{html.escape(label)}: {html.escape('; '.join(o['failures']))}</li>" for label, o, _ in judged if o["failures"]
+    ]
+    if failures:
+        rows.append(f"<ul id='failures' class='meta'>{''.join(failures)}</ul>")
     return "".join(rows)
+
+
+def _output_row(label: str, o: dict, judged_only: bool = False) -> str:
+    """One compared tensor; ``judged_only``: only the metrics it is judged on (finite, cosine)."""
+    ok = o["passed"]
+    verdict = f"<td class='{'good' if ok else 'bad'}' title='{html.escape('; '.join(o['failures']))}'>{_pf(ok)}</td>"
+    if o["kind"] == "exact" or o.get("shape_mismatch"):
+        detail = "shape differs" if o.get("shape_mismatch") else f"equal fraction {o.get('equal_fraction', 0):.4f}"
+        return f"<tr><td>{html.escape(label)}</td><td colspan='7'>{detail}</td>{verdict}</tr>"
+    shown = ("max_abs_err", "limit_abs_err", "mean_abs_err", "max_rel_err")
+    cells = "".join(f"<td class='num'>{'-' if judged_only else _fmt(o[k])}</td>" for k in shown)
+    nonfinite = f"{o['cand_nan'] + o['cand_inf']} ({o['ref_nan'] + o['ref_inf']})"
+    return (
+        f"<tr><td>{html.escape(label)}</td>{cells}<td class='num'>{o['cosine']:.6f}</td>"
+        f"<td class='num'>{'-' if judged_only else _snr(o)}</td><td class='num'>{nonfinite}</td>{verdict}</tr>"
+    )
 
 
 def _pinned_table(pinned: dict) -> str:

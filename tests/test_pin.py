@@ -101,14 +101,30 @@ def test_a_choice_made_from_overflowing_values_still_fails(tmp_path):
     scores the choice was made from overflow fp16 at O3, and that fails."""
     path = tmp_path / "overflow_ties.onnx"
     onnx.save(near_ties_model(overflow=True), str(path))
-    report = tmp_path / "o3.json"
-    o3 = cli(str(path), "--level", "O3", "-o", str(tmp_path / "o3.onnx"), "--input-range", "x=1:2", "--report", str(report))
+    report, page = tmp_path / "o3.json", tmp_path / "o3.html"
+    o3 = cli(
+        str(path),
+        "--level",
+        "O3",
+        "-o",
+        str(tmp_path / "o3.onnx"),
+        "--input-range",
+        "x=1:2",
+        "--report",
+        str(report),
+        "--html",
+        str(page),
+    )
     assert o3.returncode == 1, o3.stdout + o3.stderr
     v = _report(report)["validation"]
     assert all(o["passed"] for o in v["outputs"])
     [scores] = v["pinned"]["inputs"]
     assert scores["name"] == "expd" and not scores["passed"] and scores["new_nonfinite"] > 0
     assert "expd (choice input)" in o3.stdout
+    # The page says it too: the row that fails, and why (it showed every row passing under a failed badge).
+    html = page.read_text()
+    row = html[html.index("<td>expd (choice input)</td>") :].split("</tr>")[0]
+    assert ">FAIL<" in row and f"<li>expd (choice input): {scores['failures'][0]}</li>" in html
 
 
 def test_a_choice_that_is_a_graph_output_is_compared_not_pinned(tmp_path):
