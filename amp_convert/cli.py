@@ -28,7 +28,7 @@ from .external import PROTOBUF_LIMIT
 from .lists import LEVELS, PROFILES
 from .load import remember_inputs
 from .options import IO_TYPES, ConvertOptions
-from .report import build_report, html_report, report_json, terminal_table
+from .report import build_report, clipping_summary, html_report, report_json, terminal_table
 from .runner import PROVIDERS
 
 if TYPE_CHECKING:
@@ -663,6 +663,9 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     report = made[0]
     _echo_reports(report, kw)
     if not kw["quiet"] and not kw["json_out"]:
+        clipping = clipping_summary(report)
+        if clipping:
+            click.echo(clipping)
         c = report["plan"]["counts"]
         level = (
             f"auto ({len(searched.trials)} trials, {searched.low_compute:.1%} of compute low)" if searched else result.plan.level

@@ -168,6 +168,22 @@ def _metric_rows(label: str, out: dict, tol: dict, judged_only: bool = False) ->
     return [(label if k == 0 else "", *row) for k, row in enumerate(rows)]
 
 
+def clipping_summary(report: dict) -> str:
+    """One sentence on the constant values the conversion clipped or flushed
+    to zero (the JSON counts them per constant; empty when none)."""
+    rewrite = (report.get("conversion") or {}).get("rewrite") or {}
+    if not (rewrite.get("clipped") or rewrite.get("flushed")):
+        return ""
+    dtype = report["plan"]["dtype"]
+    bits = []
+    for key, what in (("clipped", f"clipped to {dtype}'s largest value"), ("flushed", "flushed to zero")):
+        if rewrite[key]:
+            names = sorted(rewrite[key])
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            bits.append(f"{sum(rewrite[key].values())} value(s) {what} (in {shown})")
+    return f"constants changed to fit {dtype}: {'; '.join(bits)}"
+
+
 def pinned_summary(pinned: dict) -> str:
     """One sentence on the choices the candidate took from the reference."""
     if pinned["note"]:
@@ -236,6 +252,9 @@ def html_report(report: dict) -> str:
         )
         rules = "".join(f"<tr><td>{html.escape(k)}</td><td class='num'>{n}</td></tr>" for k, n in sorted(plan["rules"].items()))
         parts.append(f"<table><tr><th>rule</th><th>nodes</th></tr>{rules}</table>")
+        clipping = clipping_summary(report)
+        if clipping:
+            parts.append(f"<div class='meta' id='clipping'>{html.escape(clipping)}</div>")
     if v is not None:
         parts.append("<h2>Outputs</h2>")
         parts.append(_outputs_table(v))

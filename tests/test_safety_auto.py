@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import subprocess
 import sys
@@ -206,6 +207,23 @@ def test_clip_initializers_lowers_and_counts_instead_of_keeping_fp32():
     result = convert(m, level="O2", clip_initializers=True)
     assert result.plan.by_name("scale").precision is Precision.LOW
     assert result.stats.clipped == {"big": 1}
+
+
+def test_clipped_and_flushed_values_are_told_on_the_terminal_and_the_page(tmp_path):
+    """Counted, never silently: not only in the JSON."""
+    w = np.full((4, 4), 0.5, np.float32)
+    w[0, 0], w[1, 1], w[2, 2] = 1e5, -2e5, 1e-9
+    path = tmp_path / "range.onnx"
+    onnx.save(
+        model([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], [value("x")], [value("y")], [init("W", w)]), str(path)
+    )
+    page = tmp_path / "r.html"
+    proc = cli(str(path), "--level", "O3", "-o", str(tmp_path / "o.onnx"), "--no-validate", "--html", str(page))
+    assert proc.returncode == 0, proc.stderr
+    told = "constants changed to fit fp16: 2 value(s) clipped to fp16's largest value (in W); 1 value(s) flushed to zero (in W)"
+    assert told in proc.stdout and html.escape(told) in page.read_text()
+    quiet = cli(str(path), "--level", "O2", "-o", str(tmp_path / "o2.onnx"), "--no-validate")  # (kept fp32: nothing changed)
+    assert quiet.returncode == 0 and "constants changed" not in quiet.stdout
 
 
 @pytest.mark.parametrize("name", ["resnet50", "mobilenetv3", "vit", "convnext", "lstm", "controlflow"])
