@@ -250,6 +250,16 @@ def test_lists_at_o0_say_nothing_runs_low(capsys, resnet, tmp_path):
     assert {n["precision"] for n in json.loads(plan_path.read_text())["nodes"]} == {"fp32"}
 
 
+@pytest.mark.parametrize("profile", ["default", "paddle"])
+def test_lists_at_o3_say_every_op_runs_low(capsys, resnet, tmp_path, profile):
+    """O3 runs every op low, listed to follow or not (the converted plan agrees): no follow list is shown."""
+    assert main(["lists", "--profile", profile, "--level", "O3"]) == 0
+    out = capsys.readouterr().out
+    assert "O3 runs every op low" in out and "follow (" not in out and "follow their inputs" not in out
+    plan = _planned(resnet, tmp_path, "--level", "O3", "--lists", profile)
+    assert _precisions(plan, "MaxPool") == _precisions(plan, "Add") == {"low"}
+
+
 def test_config_file_and_flags_override_it(resnet, tmp_path):
     config = tmp_path / "amp.toml"
     config.write_text('level = "O3"\ndtype = "bf16"\nwhite-list = ["Add"]\n')
