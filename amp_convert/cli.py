@@ -552,10 +552,12 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         input_external = bool(input_files)
         node_count = len(reference.graph.node)
         size_before = _files_size(model, input_files)
+        calibrating = auto or options.safety_on  # (the calibrated rule is on: its samples are read)
+        _check_unused(reference, kw, validating=kw["validate"], calibrating=calibrating and bool(kw["calibration"]))
         source = _input_source(reference, kw) if kw["validate"] else None
         if source is not None and options.target_opset is not None:
             _check_target_runs(reference, options.target_opset)
-        calibration = _calibration(reference, source, options, kw, auto, folder)
+        calibration = _calibration(reference, source, kw, folder) if calibrating else None
         searched = None
         if auto:
             searched = _auto(reference, options, start, source, calibration, kw, folder)
@@ -726,11 +728,9 @@ def _only_list(values: tuple[str, ...]) -> tuple[str, ...] | None:
     return _split_ops(values) if values else None
 
 
-def _calibration(reference, source, options: ConvertOptions, kw: dict, auto: bool, folder: Path):
+def _calibration(reference, source, kw: dict, folder: Path):
     """fp32 value ranges for the calibrated safety rule: from --calibration,
     else from the validation inputs (one streaming pass)."""
-    if not (auto or options.safety_on):
-        return None
     if kw["calibration"]:
         from .inputs import make_source
 
@@ -745,6 +745,22 @@ def _calibration(reference, source, options: ConvertOptions, kw: dict, auto: boo
     if kw["calibration"] and not calibration.samples:  # (the rule would be off without a word; validation's own check
         raise AmpError(f"no calibration samples in --calibration {', '.join(kw['calibration'])}")  # says it of --inputs)
     return calibration
+
+
+def _check_unused(reference, kw: dict, validating: bool, calibrating: bool) -> None:
+    """Sample options this run does not read (``calibrating``: whether it reads --calibration)
+    are vetted all the same: a missing file, an unknown input name exit 2, as where they are read."""
+    options = (("--inputs", kw["inputs"], validating), ("--calibration", kw["calibration"], calibrating))
+    unread = [(flag, given) for flag, given, read in options if given and not read]
+    names = not (validating or calibrating) and (kw["input_shape"] or kw["input_range"])
+    if not (unread or names):  # (nothing to vet: the inputs module stays unloaded)
+        return
+    from .inputs import check_unused
+
+    for flag, given in unread:
+        check_unused(reference, given, flag)
+    if names:
+        check_unused(reference, shapes=kw["input_shape"], ranges=kw["input_range"])
 
 
 def _auto(reference, options: ConvertOptions, start: str, source, calibration, kw: dict, folder: Path):

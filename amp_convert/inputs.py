@@ -227,20 +227,8 @@ def make_source(
     """Build an input source; names in shapes/ranges are checked here.
     ``flag`` is the option ``inputs`` came from (named in messages)."""
     specs = input_specs(model)
-    names = {s.name for s in specs}
     shape_map, range_map = parse_shapes(shapes), parse_ranges(ranges)
-    for option, given in (("--input-shape", shape_map), ("--input-range", range_map)):
-        for name in given:
-            if name not in names:
-                raise AmpError(f"{option}: {name!r} is not an input of the model (inputs: {', '.join(sorted(names))})")
-    for spec in specs:
-        if spec.name in shape_map:
-            shape = shape_map[spec.name]
-            if spec.ranked and len(shape) != len(spec.shape):
-                raise AmpError(f"--input-shape {spec.name}: rank {len(shape)}, the model expects {_shape_text(spec.shape)}")
-            for got, want in zip(shape, spec.shape, strict=False):
-                if isinstance(want, int) and got != want:
-                    raise AmpError(f"--input-shape {spec.name}: {list(shape)} does not fit {_shape_text(spec.shape)}")
+    _check_given(specs, shape_map, range_map)
     if samples < 1:
         raise AmpError("--samples must be at least 1")
     if seed < 0:
@@ -262,6 +250,40 @@ def make_source(
         if dynamic:
             source.notes.append(f"dynamic dimensions of {', '.join(dynamic)} set to 1 (use --input-shape)")
     return source
+
+
+def check_unused(
+    model: onnx.ModelProto,
+    files: Sequence[str | Path] = (),
+    flag: str = "--inputs",
+    shapes: Sequence[str] = (),
+    ranges: Sequence[str] = (),
+) -> None:
+    """Vet sample options a run will not read (``--no-validate``, or ``--calibration`` with the
+    safety rules off) as :func:`make_source` would: a file that is not there, or a name
+    that is no input of the model, is a mistake whether or not the run reads it."""
+    _expand_files(files, flag)
+    if shapes or ranges:
+        _check_given(input_specs(model), parse_shapes(shapes), parse_ranges(ranges))
+
+
+def _check_given(
+    specs: list[InputSpec], shape_map: dict[str, tuple[int, ...]], range_map: dict[str, tuple[float, float]]
+) -> None:
+    """--input-shape and --input-range name inputs of the model; a shape fits its input's."""
+    names = {s.name for s in specs}
+    for option, given in (("--input-shape", shape_map), ("--input-range", range_map)):
+        for name in given:
+            if name not in names:
+                raise AmpError(f"{option}: {name!r} is not an input of the model (inputs: {', '.join(sorted(names))})")
+    for spec in specs:
+        if spec.name in shape_map:
+            shape = shape_map[spec.name]
+            if spec.ranked and len(shape) != len(spec.shape):
+                raise AmpError(f"--input-shape {spec.name}: rank {len(shape)}, the model expects {_shape_text(spec.shape)}")
+            for got, want in zip(shape, spec.shape, strict=False):
+                if isinstance(want, int) and got != want:
+                    raise AmpError(f"--input-shape {spec.name}: {list(shape)} does not fit {_shape_text(spec.shape)}")
 
 
 def _expand_files(inputs: Sequence[str | Path], flag: str) -> list[Path]:

@@ -1099,6 +1099,41 @@ def test_bad_validation_input_file_exits_2(tmp_path, lstm, case):
     assert_refused(proc, fragment.format(tmp=tmp_path), before, tmp_path)
 
 
+UNREAD_SAMPLE_OPTIONS = {
+    "calibration-missing-at-o3": (["--level", "O3", "--calibration", "{tmp}/no.npz"], "--calibration {tmp}/no.npz: no such file"),
+    "calibration-missing-without-safety": (
+        ["--no-safety", "--calibration", "{tmp}/no.npz"],
+        "--calibration {tmp}/no.npz: no such file",
+    ),
+    "inputs-missing-without-validation": (["--no-validate", "--inputs", "{tmp}/no.npz"], "--inputs {tmp}/no.npz: no such file"),
+    "input-shape-unknown-without-validation": (
+        ["--no-validate", "--input-shape", "bogus=1x2"],
+        "--input-shape: 'bogus' is not an input of the model",
+    ),
+    "input-range-unknown-without-validation": (
+        ["--no-validate", "--input-range", "bogus=0:1"],
+        "--input-range: 'bogus' is not an input of the model",
+    ),
+    "input-range-unknown-with-unread-calibration": (
+        ["--no-validate", "--level", "O3", "--calibration", "{tmp}/c.npz", "--input-range", "bogus=0:1"],
+        "--input-range: 'bogus' is not an input of the model",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNREAD_SAMPLE_OPTIONS))
+def test_sample_options_the_run_does_not_read_are_vetted_all_the_same(tmp_path, lstm, case):
+    """A missing file or an unknown input name is a mistake whether or not
+    the run reads it (--no-validate; --calibration with the safety rules off)."""
+    args, fragment = UNREAD_SAMPLE_OPTIONS[case]
+    np.savez(tmp_path / "c.npz", input=np.zeros((1, 20, 16), np.float32))
+    out = tmp_path / "out.onnx"
+    out.write_bytes(OLD)
+    before = snapshot(tmp_path)
+    proc = cli(lstm, "-o", out, *[a.format(tmp=tmp_path) for a in args])
+    assert_refused(proc, fragment.format(tmp=tmp_path), before, tmp_path)
+
+
 def test_generated_input_too_large_is_refused_before_allocating(tmp_path):
     x = helper.make_tensor_value_info("x", F32, ["batch", 4])
     y = helper.make_tensor_value_info("y", F32, ["batch", 4])
