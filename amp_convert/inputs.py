@@ -143,7 +143,7 @@ class InputSource:
                     f"or goes beyond {spec.dtype}'s [{info.min}, {info.max}]"
                 )
             return rng.integers(first, end, size=shape, dtype=np.int64 if info.max < 2**63 else np.uint64).astype(spec.dtype)
-        if np.issubdtype(spec.dtype, np.floating) or spec.dtype == np.dtype(ml_dtypes.bfloat16):  # (bf16: ml_dtypes)
+        if _is_float(spec.dtype):
             low, high = self.ranges.get(spec.name, DEFAULT_FLOAT_RANGE)
             if max(abs(low), abs(high)) > float(ml_dtypes.finfo(spec.dtype).max):
                 raise AmpError(f"--input-range {spec.name}={low:g}:{high:g}: beyond {spec.dtype}'s range")
@@ -174,6 +174,54 @@ class InputSource:
                         f"{origin}: input {name!r} has shape {list(array.shape)}, the model expects {_shape_text(spec.shape)}"
                     )
         return sample
+
+
+class CandidateInputs:
+    """The inputs of a model compared with a reference (``compare`` takes any two models):
+    it must read the same inputs as the reference, of the same dtypes (a float input may
+    be of another float dtype: the samples are cast to it), and each sample must fit it."""
+
+    def __init__(self, reference: list[InputSpec], candidate: onnx.ModelProto):
+        theirs = [v.name for v in candidate.graph.input if v.name not in {t.name for t in candidate.graph.initializer}]
+        ours = [s.name for s in reference]
+        if sorted(theirs) != sorted(ours):
+            raise AmpError(f"the models' inputs differ: {ours} (reference) vs {theirs} (candidate)")
+        bad = next(
+            (v.name for v in candidate.graph.input if v.name in ours and v.type.WhichOneof("value") != "tensor_type"), None
+        )
+        if bad is not None:
+            raise AmpError(f"the models' inputs differ: the candidate's input {bad!r} is not a tensor")
+        self.specs = {s.name: s for s in input_specs(candidate)}
+        self.reference = {s.name: s for s in reference}
+        for name, ref in self.reference.items():
+            cand = self.specs[name]
+            if ref.dtype != cand.dtype and not (_is_float(ref.dtype) and _is_float(cand.dtype)):
+                raise AmpError(
+                    f"the models' inputs differ: {name!r} is {ref.dtype} in the reference, {cand.dtype} in the candidate"
+                )
+
+    def check(self, sample: dict[str, np.ndarray]) -> None:
+        """A sample the reference takes must fit the candidate's shapes too."""
+        for name, spec in self.specs.items():
+            shape = sample[name].shape
+            fits = not spec.ranked or (
+                len(shape) == len(spec.shape)
+                and all(not isinstance(w, int) or g == w for g, w in zip(shape, spec.shape, strict=True))
+            )
+            if not fits:
+                ref = self.reference[name]
+                both = len(ref.shape) == len(spec.shape) and all(
+                    not (isinstance(a, int) and isinstance(b, int) and a != b) for a, b in zip(ref.shape, spec.shape, strict=True)
+                )
+                raise AmpError(
+                    f"the models' inputs differ: {name!r} is {_shape_text(ref.shape)} in the reference, "
+                    f"{_shape_text(spec.shape)} in the candidate, which does not take a sample of shape {list(shape)}"
+                    + (" (give --inputs or --input-shape that fit both)" if both else "")
+                )
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return np.issubdtype(dtype, np.floating) or dtype == np.dtype(ml_dtypes.bfloat16)
 
 
 def _shape_text(shape: Sequence) -> str:

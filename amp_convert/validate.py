@@ -29,7 +29,7 @@ from .dtypes import FLOAT_TYPES
 from .emulate import EMULATE_MODES, decide_emulation, low_dtype_of, low_io
 from .errors import AmpError
 from .graph import build_context, tensor_names
-from .inputs import InputSource
+from .inputs import CandidateInputs, InputSource
 from .lists import EXACT_OPS
 from .metrics import DEFAULT_TOLERANCES, ErrorStats, Tolerance
 from .pin import Selection, find_selections, makes, pin
@@ -275,6 +275,7 @@ class Validator:
         cand_outputs = [v.name for v in candidate.graph.output]
         if self.output_names != cand_outputs:
             raise AmpError(f"the models' outputs differ: {self.output_names} vs {cand_outputs}")
+        cand_inputs = CandidateInputs(self.source.specs, candidate)
 
         tensors: list[str] = []
         per_node_note = ""
@@ -307,6 +308,7 @@ class Validator:
         judged_stats = {n: ErrorStats(n) for n in judged}
         samples = 0
         for feeds, ref_values in self._reference_runs(tensors):
+            cand_inputs.check(feeds)
             # the samples cast to the dtypes the candidate's inputs declare, and the reference's choices
             cand_values = cand.run({**feeds, **{s.name: ref_values[s.name] for s in pins}})
             for name, stats in out_stats.items():

@@ -554,6 +554,46 @@ def test_reconverting_an_output_with_validation_adds_no_cast_and_changes_no_nume
             assert np.array_equal(out_a, out_b)
 
 
+def _relu(x: str = "x", elem: int = onnx.TensorProto.FLOAT, shape=("N", 4)) -> onnx.ModelProto:
+    """x -> Cast(float) -> Relu -> y."""
+    nodes = [helper.make_node("Cast", [x], ["f"], to=onnx.TensorProto.FLOAT), helper.make_node("Relu", ["f"], ["y"])]
+    return model(nodes, [value(x, elem, shape)], [value("y", shape=shape)])
+
+
+@pytest.mark.parametrize(
+    ("candidate", "fragment"),
+    [
+        (_relu(x="z"), "the models' inputs differ: ['x'] (reference) vs ['z'] (candidate)"),
+        (
+            _relu(elem=onnx.TensorProto.INT32),
+            "the models' inputs differ: 'x' is float32 in the reference, int32 in the candidate",
+        ),
+        (
+            _relu(shape=(3, 4)),
+            "the models' inputs differ: 'x' is [N, 4] in the reference, [3, 4] in the candidate, which does not take a "
+            "sample of shape [1, 4] (give --inputs or --input-shape that fit both)",
+        ),
+    ],
+    ids=["renamed", "int32", "fixed-batch"],
+)
+def test_compare_says_how_the_models_inputs_differ(tmp_path, candidate, fragment):
+    """As for outputs: one line naming what differs, not onnxruntime's first line."""
+    onnx.save(_relu(), str(tmp_path / "ref.onnx"))
+    onnx.save(candidate, str(tmp_path / "cand.onnx"))
+    proc = cli("compare", str(tmp_path / "ref.onnx"), str(tmp_path / "cand.onnx"))
+    assert proc.returncode == 2 and proc.stderr == f"amp-convert: error: {fragment}\n"
+
+
+def test_compare_takes_inputs_that_differ_only_where_the_samples_fit_both(tmp_path):
+    """A sample of a shape both models take compares; so does a float input of
+    another float dtype (the samples are cast to it)."""
+    onnx.save(_relu(), str(tmp_path / "ref.onnx"))
+    for name, candidate in (("fixed", _relu(shape=(3, 4))), ("half", _relu(elem=onnx.TensorProto.FLOAT16))):
+        onnx.save(candidate, str(tmp_path / f"{name}.onnx"))
+        proc = cli("compare", str(tmp_path / "ref.onnx"), str(tmp_path / f"{name}.onnx"), "--input-shape", "x=3x4", "-q")
+        assert proc.returncode == 0, proc.stderr
+
+
 def test_compare_with_a_bf16_reference_emulates_it(tmp_path):
     """`compare REF CAND` where REF computes in bf16: the reference cannot run
     on ORT's CPU provider as is, so it runs through its emulation twin."""
