@@ -124,7 +124,7 @@ def terminal_table(report: dict) -> str:
         rows += _metric_rows(f"{out['name']} (choice input)", out, tol, judged_only=True)
     widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
     lines = ["  ".join(str(c).ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
-    offenders = v["offenders"][:5]
+    offenders = v["offenders"]  # (--top of them)
     if offenders:
         lines.append("")
         lines.append("error added by node (relative RMS vs fp32), worst first:")

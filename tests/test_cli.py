@@ -260,6 +260,16 @@ def test_lists_at_o3_say_every_op_runs_low(capsys, resnet, tmp_path, profile):
     assert _precisions(plan, "MaxPool") == _precisions(plan, "Add") == {"low"}
 
 
+@pytest.mark.parametrize("top", [7, 0])
+def test_top_sets_the_offenders_the_terminal_lists(resnet, tmp_path, capsys, top):
+    """--top N: N offending nodes in the terminal table, as in the reports (it showed 5 at most)."""
+    report = tmp_path / "r.json"
+    assert main([str(resnet), "-o", str(tmp_path / "o.onnx"), "--top", str(top), "--report", str(report)]) == 0
+    shown = capsys.readouterr().out.split("worst first:\n")
+    listed = shown[1].split("\n\n")[0].splitlines() if len(shown) > 1 else []
+    assert len(listed) == len(json.loads(report.read_text())["validation"]["offenders"]) == top
+
+
 def test_config_file_and_flags_override_it(resnet, tmp_path):
     config = tmp_path / "amp.toml"
     config.write_text('level = "O3"\ndtype = "bf16"\nwhite-list = ["Add"]\n')
