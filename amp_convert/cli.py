@@ -154,6 +154,8 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
             v = [v] if isinstance(v, str) else v
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
                 raise click.BadParameter(f"{value}: {key} must be a string or a list of strings", param_hint="--config")
+            if not v and norm in ("only_white_list", "only_black_list"):
+                v = [""]  # (given empty, as the API's only_white_list=[]: click would read [] as absent)
         elif name in params:
             _check_config_number(value, key, v, params[name].type)
             _check_config_kind(value, key, v, params[name])

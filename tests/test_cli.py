@@ -219,6 +219,10 @@ def test_an_empty_only_list_replaces_the_list_as_the_api_does(resnet, tmp_path):
         assert "low" not in _precisions(plan, "Conv")
     plan = _planned(resnet, tmp_path, "--only-black-list", "")
     assert plan[""]["level"] == "O2" and _precisions(plan, "BatchNormalization") == {"low"}
+    config = tmp_path / "amp.toml"
+    config.write_text("only-white-list = []\n")
+    plan = _planned(resnet, tmp_path, "--config", str(config))
+    assert plan[""]["level"] == "O1" and "low" not in _precisions(plan, "Conv")
 
 
 def test_explain_and_plan_json(resnet, tmp_path, capsys):
