@@ -273,6 +273,12 @@ DTYPE_AGNOSTIC_INPUTS: dict[str, tuple[int, ...]] = {
     "Shape": (0,),
     "Size": (0,),
 }
+# Of those, the inputs converted to the type a "to" attribute names. Data a
+# node computed low reads the same either way; but a value that exists in
+# fp32 (a constant, data resolved from its consumers) must reach them in fp32
+# unless they convert to the low dtype: a Cast to int64 of 2049 rounded to
+# fp16 gives 2048.
+CONVERTED_INPUTS = frozenset({"Cast"})
 
 LEVELS = ("O0", "O1", "O2", "O3")
 PROFILES = ("default", "mindspore", "paddle")

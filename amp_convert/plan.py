@@ -42,6 +42,7 @@ from .dtypes import FLOAT, LowDtype
 from .graph import UNTYPED, GraphContext, NodeLabels, SlotTable, cast_to, check_utf8, distinct_rows
 from .lists import (
     CONTROL_FLOW_OPS,
+    CONVERTED_INPUTS,
     DTYPE_AGNOSTIC_INPUTS,
     NO_LOW_KERNEL_OPS,
     QUANTIZED_OPS,
@@ -298,17 +299,25 @@ class Demand:
         entry = owner[body.owner]
         return entry.low_outputs if entry.precision is Precision.LOW and entry.op_type == "If" else ()
 
+    def any_version(self, ctx: GraphContext, j: int) -> bool:
+        """Whether node ``j``'s dtype-agnostic input reads a constant's low
+        version as it would its fp32 one (see ``CONVERTED_INPUTS``)."""
+        return ctx.ops[j] not in CONVERTED_INPUTS or cast_to(ctx.nodes[j]) == self.low.onnx_type
+
     def requirements(self, ctx: GraphContext, name: str) -> set[int]:
         """Element types that the readers of ``name`` in ``ctx`` (and in the
         subgraphs capturing it) need: the low dtype where a low node reads it
-        low, its own type elsewhere; dtype-agnostic reads need nothing."""
+        low, its own type elsewhere; dtype-agnostic reads need nothing. (It
+        is asked of constants and of the outputs of nodes resolved from their
+        consumers: a Cast to another type than the low dtype needs their
+        fp32 values.)"""
         wants: set[int] = set()
         readers = ctx.readers(name)
         if readers:  # (inline, no call per reader: a large graph asks this of every initializer)
             entries, ops, low, own = self.plan.entries[ctx.path], ctx.ops, self.low.onnx_type, None
             for j, slot in readers:
                 agnostic = DTYPE_AGNOSTIC_INPUTS.get(ops[j])
-                if agnostic is not None and slot in agnostic and is_default_domain(ctx.domains[j]):
+                if agnostic is not None and slot in agnostic and is_default_domain(ctx.domains[j]) and self.any_version(ctx, j):
                     continue
                 precision, low_inputs, _ = entries.decision(j)
                 if precision is Precision.LOW and slot in low_inputs:

@@ -444,8 +444,7 @@ class Rewriter:
             lower_small_tensors(tensors, self.low, self.stats, labels, blobs)
             batch.clear()
 
-    @staticmethod
-    def _initializer_reads(ctx: GraphContext, names: list[str], reads: _SlotReads) -> Iterator[tuple[bool | None, bool]]:
+    def _initializer_reads(self, ctx: GraphContext, names: list[str], reads: _SlotReads) -> Iterator[tuple[bool | None, bool]]:
         """Per float32 initializer of ``names``: whether some node reads it
         low, and whether some reads it as float32 (the two questions the
         rewrite asks of :meth:`Demand.requirements`), from the slot arrays;
@@ -462,6 +461,8 @@ class Rewriter:
         agnostic = reads.agnostic.copy()
         if custom:  # (only default-domain ops read dtype-agnostically)
             agnostic[np.isin(table.node, custom)] = False
+        for k in np.flatnonzero(read & agnostic).tolist():  # (Shape, Size, Cast reading an initializer: few)
+            agnostic[k] = self.demand.any_version(ctx, int(table.node[k]))
         real = read & ~agnostic
         low = np.zeros(len(names), bool)
         low[at[real & reads.low]] = True

@@ -109,7 +109,7 @@ SWITCH_OFF = {
     "initializer reads": (
         rewrite.Rewriter,
         "_initializer_reads",
-        staticmethod(lambda ctx, names, reads: iter([(None, False)] * len(names))),
+        lambda self, ctx, names, reads: iter([(None, False)] * len(names)),
     ),
 }
 

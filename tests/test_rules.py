@@ -888,6 +888,36 @@ def test_a_source_read_by_an_fp32_node_stays_fp32_at_o2():
     assert np.max(np.abs(ref[1] - got[1])) < 1e-5  # Sin saw the exact positions
 
 
+@pytest.mark.parametrize("form", ["initializer", "constant"])
+def test_a_cast_to_another_type_than_the_low_one_reads_a_constants_fp32_values(form):
+    """A weight read by a low MatMul and by Casts to int64, double and
+    float32 (into a black-listed Softmax) stays fp32 for the Casts: its
+    fp16 version would turn 2049 into 2048. A Cast to fp16 may read it low."""
+    weights = np.array([[2049, 1.0001], [0.1234567, 4097]], np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["y"], name="mm"),
+        helper.make_node("Cast", ["W"], ["wi"], name="to_int", to=I64),
+        helper.make_node("Cast", ["W"], ["wd"], name="to_double", to=onnx.TensorProto.DOUBLE),
+        helper.make_node("Cast", ["W"], ["wf"], name="to_float", to=F32),
+        helper.make_node("Softmax", ["wf"], ["sm"], name="sm"),
+        helper.make_node("Cast", ["W"], ["wh"], name="to_half", to=F16),
+    ]
+    inits = [init("W", weights)]
+    if form == "constant":
+        nodes.insert(0, helper.make_node("Constant", [], ["W"], name="const", value=init("Wv", weights)))
+        inits = []
+    outputs = [value("y", shape=(1, 2)), value("wi", I64, (2, 2)), value("wd", onnx.TensorProto.DOUBLE, (2, 2))]
+    outputs += [value("sm", shape=(2, 2)), value("wh", F16, (2, 2))]
+    m = model(nodes, [value("x", shape=(1, 2))], outputs, inits)
+    out, plan = convert(m, level="O1")
+    assert plan.by_name("mm").precision is Precision.LOW
+    feeds = {"x": np.ones((1, 2), np.float32)}
+    ref, got = run(m, feeds), run(out, feeds)
+    assert close(ref[0], got[0])
+    for k in (1, 2, 3, 4):
+        assert got[k].dtype == ref[k].dtype and np.array_equal(got[k], ref[k]), outputs[k].name
+
+
 @pytest.mark.parametrize("form", ["value_float", "value_floats", "constant_of_shape"])
 def test_safety_rule_reads_every_form_of_constant(form):
     """A scale of 1e5 held as value_float(s) or a ConstantOfShape value keeps
