@@ -32,7 +32,16 @@ from .external import is_external, read_array, retype_external
 from .graph import UNTYPED, GraphContext, NameGenerator
 from .lists import DTYPE_AGNOSTIC_INPUTS, DTYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
 from .plan import Demand, Plan, Precision
-from .safety import ConstantRanges, ValueStats, raw_float32, segment_counts, small_raw, value_stats
+from .safety import (
+    ConstantRanges,
+    ValueStats,
+    attribute_constant,
+    constant_array,
+    raw_float32,
+    segment_counts,
+    small_raw,
+    value_stats,
+)
 from .schema import is_default_domain
 
 
@@ -382,21 +391,29 @@ class Rewriter:
 
     def _share_low(self, ctx: GraphContext, name: str, versions: dict[str, dict[int, str]]) -> None:
         """An initializer read fp32 and low stays fp32; its low readers get a
-        Cast, which flushes its tiny values to zero at run time (counted
-        here) and would turn values beyond the low dtype's range into Inf:
-        those readers get a low copy instead, clipped and counted."""
+        Cast, or a low copy (see :meth:`_low_copy`)."""
         tensor = ctx.initializers[name]
         array = read_array(tensor, self.base_dir) if is_external(tensor) else numpy_helper.to_array(tensor)
+        copy = self._low_copy(ctx, name, array)
+        if copy is not None:
+            versions[name] = {FLOAT: name, self.low.onnx_type: copy}
+
+    def _low_copy(self, ctx: GraphContext, name: str, array: np.ndarray) -> str | None:
+        """For the low readers of constant ``name`` (values ``array``) that
+        stays fp32: None where a Cast will do, which flushes its tiny values
+        to zero at run time (counted here); where it would turn values beyond
+        the low dtype's range into Inf, the name of a low copy, clipped and
+        counted, added to ``ctx``'s initializers."""
         found = value_stats(array)
         if found.abs_max <= self.low.max:
             if found.underflow(self.low):
                 self.stats.flushed[name] = self.stats.flushed.get(name, 0) + found.underflow(self.low)
-            return
+            return None
         low = self.low.onnx_type
         copy = numpy_helper.from_array(to_low_array(array, self.low, name, self.stats), self.names(f"{name}_{_short(low)}"))
         ctx.graph.initializer.append(copy)
         self.retyped[copy.name] = low
-        versions[name] = {FLOAT: name, low: copy.name}
+        return copy.name
 
     def _lower_values(self, scope: str, names: list[str], tensors: list[onnx.TensorProto], batch: list) -> None:
         """Lower constants ``names`` (initializers, or Constant values by
@@ -537,21 +554,32 @@ class Rewriter:
             vs = {ctx.type_of(name): name}
         if need in vs:
             return vs[need]
-        source = vs.get(FLOAT) or next(iter(vs.values()))
-        target = self.names(f"{name}_{_short(need)}")
-        cast = self._cast_node(source, target, need)
         # A value captured from an outer scope is cast there, once: not once
         # per branch, and not on every iteration of a Loop body.
         home = ctx if ctx.parent is None or not hoist or ctx.defines(name) else (ctx.scope_of(name) or ctx)
         if home is not ctx:
             top, after = self._placements[home.path]
         producer = home.producer.get(name)
+        if producer is not None and need == self.low.onnx_type and home.ops[producer] == "Constant":
+            copy = self._constant_copy(home, producer, name)
+            if copy is not None:
+                self._versions[home.path][name] = {**vs, need: copy}
+                return copy
+        source = vs.get(FLOAT) or next(iter(vs.values()))
+        target = self.names(f"{name}_{_short(need)}")
+        cast = self._cast_node(source, target, need)
         if producer is not None:
             after.setdefault(producer, []).append(cast)
         else:  # graph input or initializer (or a name no scope defines)
             top.append(cast)
         self._versions[home.path][name] = {**vs, need: target}
         return target
+
+    def _constant_copy(self, ctx: GraphContext, i: int, name: str) -> str | None:
+        """The low copy (see :meth:`_low_copy`) of the fp32 value of Constant
+        node ``i``, which writes ``name``, as an initializer has."""
+        found = attribute_constant(ctx.nodes[i], name) if is_default_domain(ctx.domains[i]) else None
+        return None if found is None else self._low_copy(ctx, name, constant_array(found[1], self.base_dir))
 
     def _cast_node(self, source: str, target: str, to: int) -> bytes:
         self.retyped[target] = to

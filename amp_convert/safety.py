@@ -364,7 +364,7 @@ class ConstantRanges:
                 continue
             op = ctx.ops[producer]
             if op in ("Constant", "ConstantOfShape"):
-                found = _attribute_constant(ctx.nodes[producer], name)
+                found = attribute_constant(ctx.nodes[producer], name)
                 return None if found is None else (ctx.path, *found)
             if op not in PASS_THROUGH_OPS:
                 return None
@@ -452,7 +452,7 @@ _UNJUDGED = object()
 _MAYBE_FLOAT = frozenset({onnx.TensorProto.FLOAT, 0})
 
 
-def _attribute_constant(node: onnx.NodeProto, name: str) -> tuple[str, onnx.TensorProto] | None:
+def attribute_constant(node: onnx.NodeProto, name: str) -> tuple[str, onnx.TensorProto] | None:
     """The values a Constant or ConstantOfShape node writes, as a tensor."""
     for a in node.attribute:
         if a.name == "value":

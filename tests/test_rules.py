@@ -375,6 +375,35 @@ def test_initializer_shared_by_low_and_fp32_nodes_keeps_fp32_with_one_cast():
         assert close(a, b)
 
 
+@pytest.mark.parametrize("form", ["initializer", "constant", "value_floats"])
+def test_a_shared_out_of_range_constant_gives_its_low_readers_a_clipped_copy(form):
+    """Values beyond fp16 read fp32 by a Softmax and low by a Mul (O2
+    without the safety rule): the Mul reads a copy clipped to 65504 and
+    counted, an initializer or a Constant alike, not a Cast that makes Inf."""
+    big = [1e5, -2e5, 1.0, 2.0]
+    nodes = [
+        helper.make_node("Mul", ["x", "b"], ["a"], name="mul"),
+        helper.make_node("MatMul", ["a", "W"], ["y"], name="mm"),
+        helper.make_node("Softmax", ["b"], ["sb"], name="sm"),
+    ]
+    inits = [init("W", w(4, 4, scale=1e-4))]
+    if form == "initializer":
+        inits.append(init("b", np.array(big, np.float32)))
+    else:
+        values = {"value": init("bv", np.array(big, np.float32))} if form == "constant" else {"value_floats": big}
+        nodes.insert(0, helper.make_node("Constant", [], ["b"], name="const", **values))
+    m = model(nodes, [value("x", shape=(1, 4))], [value("y", shape=(1, 4)), value("sb", shape=(4,))], inits)
+    result = convert(m, level="O2", safety=False)
+    assert result.plan.by_name("mul").precision is Precision.LOW
+    assert result.stats.clipped == {"b": 2}
+    assert not casts_into(result.model, "b")
+    feeds = {"x": np.full((1, 4), 0.25, np.float32)}
+    clipped = np.array([65504, -65504, 1, 2], np.float32) * feeds["x"] @ onnx.numpy_helper.to_array(inits[0])
+    got = run(result.model, feeds)
+    assert np.all(np.isfinite(got[0])) and close(clipped, got[0])
+    assert np.array_equal(run(m, feeds)[1], got[1])
+
+
 def test_out_of_range_constant_keeps_its_consumer_fp32_unless_forced():
     nodes = [
         helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
