@@ -30,16 +30,32 @@ from .graph import GraphContext
 if TYPE_CHECKING:  # (calibration runs onnxruntime: its module is loaded where it is used)
     from .calibrate import Calibration
 
-# Ops that pass a constant's values through unchanged (so a constant behind
-# them still reaches the consumer as it is).
-PASS_THROUGH_OPS = frozenset(
-    {"Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Tile", "Gather", "Slice", "Concat", "Cast"}
-)
+# Ops that pass a constant's values through unchanged: they move, pick,
+# repeat or pad them (so a constant behind them still reaches the consumer as
+# it is). Value: the inputs whose values they pass on (None: every input):
+# the data, and Pad's constant_value and the scatters' updates.
+PASS_THROUGH_OPS: dict[str, tuple[int, ...] | None] = {
+    **dict.fromkeys(
+        (
+            "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Tile", "Gather",
+            "GatherElements", "GatherND", "Slice", "Split", "Compress", "Unique", "ReverseSequence", "Trilu",
+            "CenterCropPad", "DepthToSpace", "SpaceToDepth", "Cast",
+        ),
+        (0,),
+    ),
+    "Concat": None,
+    "Pad": (0, 2),
+    "Scatter": (0, 2),
+    "ScatterElements": (0, 2),
+    "ScatterND": (0, 2),
+    "TensorScatter": (0, 1),
+}  # fmt: skip
+_MORE_INPUTS = frozenset(op for op, slots in PASS_THROUGH_OPS.items() if slots != (0,))  # (than the data)
 _MAX_DEPTH = 8
 # Half the smallest subnormal rounds to zero.
 _FP16_ZERO = 2.0**-25
 _BF16_ZERO = 2.0**-134
-_CONSTANT_CARRIERS = PASS_THROUGH_OPS | {"Constant", "ConstantOfShape"}
+_CONSTANT_CARRIERS = PASS_THROUGH_OPS.keys() | {"Constant", "ConstantOfShape"}
 # Underflow matters for small constants (epsilons, scales) or when most of
 # the non-zero values of a tensor would vanish; a few tiny weights do not.
 SMALL_CONSTANT = 16
@@ -346,33 +362,34 @@ class ConstantRanges:
             add((data[ends[k - 1] if k else 0 : ends[k]], facts.flushed.get(k, 0)))
         return found
 
-    def constant_behind(self, ctx: GraphContext, name: str) -> tuple[str, str, onnx.TensorProto] | None:
-        """The constant whose values reach tensor ``name`` unchanged, if any:
-        (path of the graph defining it, its name, its tensor)."""
-        for _ in range(_MAX_DEPTH):
+    def constants_behind(self, ctx: GraphContext, name: str) -> list[tuple[str, str, onnx.TensorProto]]:
+        """The constants whose values reach tensor ``name`` unchanged: (path
+        of the graph defining each, its name, its tensor)."""
+        found, seen = [], set()
+        todo = [(ctx, name, 0)]
+        while todo:
+            ctx, name, depth = todo.pop()
+            if depth >= _MAX_DEPTH or (ctx.path, name) in seen:
+                continue
+            seen.add((ctx.path, name))
             tensor = ctx.initializers.get(name)
             if tensor is not None:
-                return ctx.path, name, tensor
+                found.append((ctx.path, name, tensor))
+                continue
             producer = ctx.producer.get(name)
             if producer is None:
-                if ctx.parent is None or name in ctx.input_set:
-                    return None
-                scope = ctx.scope_of(name)
-                if scope is None:
-                    return None
-                ctx = scope
+                scope = None if ctx.parent is None or name in ctx.input_set else ctx.scope_of(name)
+                if scope is not None:
+                    todo.append((scope, name, depth + 1))
                 continue
             op = ctx.ops[producer]
             if op in ("Constant", "ConstantOfShape"):
-                found = attribute_constant(ctx.nodes[producer], name)
-                return None if found is None else (ctx.path, *found)
-            if op not in PASS_THROUGH_OPS:
-                return None
-            first = ctx.ins[producer][0] if ctx.ins[producer] else ""
-            if not first:
-                return None
-            name = first
-        return None
+                constant = attribute_constant(ctx.nodes[producer], name)
+                if constant is not None:
+                    found.append((ctx.path, *constant))
+            elif op in PASS_THROUGH_OPS:
+                todo.extend((ctx, passed, depth + 1) for passed in reversed(_passed_on(op, ctx.ins[producer])) if passed)
+        return found
 
     def problem(self, ctx: GraphContext, i: int, low_inputs: tuple[int, ...], low: LowDtype) -> str | None:
         """Why node ``i`` cannot read its constants in ``low``, or None."""
@@ -394,7 +411,7 @@ class ConstantRanges:
         """The float names in ``ctx`` that may carry constant values ``low``
         cannot hold: initializers not known to be fine, names from outer
         scopes, Constant outputs, and what the ops that pass a constant on
-        make of any of these (the chain :meth:`constant_behind` follows). A
+        make of any of these (the chains :meth:`constants_behind` follows). A
         node reading none of them low has no problem: the common case, found
         with one set test."""
         key = (ctx.path, low.key)
@@ -421,26 +438,33 @@ class ConstantRanges:
                     names.update(outs)
             if names:  # (what the ops passing a constant on make of these, in graph order: chains pass on)
                 for i in carriers:
-                    node_ins = all_ins[i]
-                    if ops[i] in PASS_THROUGH_OPS and node_ins and node_ins[0] in names:
+                    op, node_ins = ops[i], all_ins[i]
+                    if (
+                        op in PASS_THROUGH_OPS
+                        and node_ins
+                        and (node_ins[0] in names or (op in _MORE_INPUTS and not names.isdisjoint(_passed_on(op, node_ins))))
+                    ):
                         names.update(all_outs[i])
             types = ctx.types
             found = self._suspects[key] = frozenset(n for n in names if types.get(n, onnx.TensorProto.FLOAT) in _MAYBE_FLOAT)
         return found
 
     def _judge(self, ctx: GraphContext, name: str, low: LowDtype) -> str | None:
-        """Why tensor ``name`` cannot be read in ``low``: the values of the constant behind it."""
-        found = self.constant_behind(ctx, name)
-        if found is None:
-            return None
-        scope, name, tensor = found
-        s = self.stats(scope, name, tensor)
-        if s.abs_max > low.max and not self.clip:
-            return f"safety: constant {name!r} holds values up to {s.abs_max:.4g}, beyond {low.name}'s max {low.max:.6g}"
-        lost = s.underflow(low)
-        if lost and (s.size <= SMALL_CONSTANT or lost * 2 > s.nonzero):
-            return f"safety: {lost} of {s.nonzero} non-zero values of constant {name!r} would become 0 in {low.name}"
+        """Why tensor ``name`` cannot be read in ``low``: the values of the constants behind it."""
+        for scope, constant, tensor in self.constants_behind(ctx, name):
+            s = self.stats(scope, constant, tensor)
+            if s.abs_max > low.max and not self.clip:
+                return f"safety: constant {constant!r} holds values up to {s.abs_max:.4g}, beyond {low.name}'s max {low.max:.6g}"
+            lost = s.underflow(low)
+            if lost and (s.size <= SMALL_CONSTANT or lost * 2 > s.nonzero):
+                return f"safety: {lost} of {s.nonzero} non-zero values of constant {constant!r} would become 0 in {low.name}"
         return None
+
+
+def _passed_on(op: str, inputs: list[str]) -> list[str]:
+    """The inputs of a node of pass-through ``op`` whose values it passes on."""
+    slots = PASS_THROUGH_OPS[op]
+    return inputs if slots is None else [inputs[k] for k in slots if k < len(inputs)]
 
 
 def _unremarkable(s: ValueStats | None, low: LowDtype) -> bool:

@@ -504,6 +504,67 @@ def test_safety_rule_finds_constants_behind_data_movement():
     assert plan.by_name("add").rule == "safety-initializer-range"
 
 
+def _through(op: str) -> tuple[list[onnx.NodeProto], dict[str, np.ndarray]]:
+    """Nodes that make ``b`` (4 values, one of them 1e5) out of constants
+    through ``op``, from its data or from another of its inputs; and the
+    constants (``c`` holds the 1e5)."""
+    node, big, ones = helper.make_node, np.array([1e5, 1, 1, 1], np.float32), np.ones(4, np.float32)
+
+    def square(op_node: onnx.NodeProto, shape: tuple, **more: np.ndarray) -> tuple[list[onnx.NodeProto], dict[str, np.ndarray]]:
+        """c reshaped to ``shape`` (c2), through ``op_node`` (t), back to 4 values."""
+        nodes = [node("Reshape", ["c", "shape"], ["c2"]), op_node, node("Reshape", ["t", "flat"], ["b"])]
+        return nodes, {"c": big, "shape": np.array(shape), "flat": np.array([4]), **more}
+
+    cases = {
+        "Split": ([node("Split", ["c"], ["b", "rest"], axis=0)], {"c": np.concatenate([big, ones])}),
+        "GatherElements": ([node("GatherElements", ["c", "i"], ["b"], axis=0)], {"c": big, "i": np.arange(4)}),
+        "GatherND": ([node("GatherND", ["c", "i"], ["b"])], {"c": big, "i": np.arange(4).reshape(4, 1)}),
+        "Compress": ([node("Compress", ["c", "i"], ["b"], axis=0)], {"c": np.concatenate([big, ones]), "i": np.arange(8) < 4}),
+        "Pad": ([node("Pad", ["c", "pads"], ["b"])], {"c": big[:2], "pads": np.array([1, 1])}),
+        "Trilu": square(node("Trilu", ["c2"], ["t"]), (2, 2)),
+        "ReverseSequence": square(node("ReverseSequence", ["c2", "lengths"], ["t"]), (4, 1), lengths=np.array([4])),
+        "DepthToSpace": square(node("DepthToSpace", ["c2"], ["t"], blocksize=2), (1, 4, 1, 1)),
+        "SpaceToDepth": square(node("SpaceToDepth", ["c2"], ["t"], blocksize=2), (1, 1, 2, 2)),
+        "Concat second input": ([node("Concat", ["one", "c"], ["b"], axis=0)], {"one": ones[:2], "c": big[:2]}),
+        "Pad constant_value": (
+            [node("Pad", ["one", "pads", "c"], ["b"])],
+            {"one": ones[:2], "pads": np.array([1, 1]), "c": big[0]},
+        ),
+        "ScatterND updates": (
+            [node("ScatterND", ["one", "i", "c"], ["b"])],
+            {"one": ones, "i": np.zeros((1, 1), int), "c": big[:1]},
+        ),
+    }
+    return cases[op]
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        "Split", "GatherElements", "GatherND", "Compress", "Pad", "Trilu", "ReverseSequence", "DepthToSpace",
+        "SpaceToDepth", "Concat second input", "Pad constant_value", "ScatterND updates",
+    ],
+)  # fmt: skip
+def test_safety_rule_finds_constants_behind_every_op_that_passes_values_on(op):
+    """A constant of 1e5 reaches a Mul through ``op`` (moving, picking or
+    padding values, from its data or from another input): the Mul stays
+    fp32 at O2, as behind a Reshape, and the result stays finite."""
+    made, constants = _through(op)
+    nodes = [
+        *made,
+        helper.make_node("Mul", ["b", "scale"], ["m"], name="mul"),
+        helper.make_node("Add", ["x", "m"], ["a"], name="add"),
+        helper.make_node("MatMul", ["a", "W"], ["y"], name="mm"),
+    ]
+    inits = [init(name, a.astype(np.int64) if a.dtype.kind == "i" else a) for name, a in constants.items()]
+    inits += [init("W", w(4, 4)), init("scale", np.array(1e-5, np.float32))]
+    m = model(nodes, [value("x", shape=(1, 4))], [value("y", shape=(1, 4))], inits)
+    out, plan = convert(m, level="O2")
+    assert plan.by_name("mul").rule == "safety-initializer-range"
+    feeds = x_feed((1, 4))
+    assert close(run(m, feeds)[0], run(out, feeds)[0])
+
+
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_safety_rule_judges_each_node_of_a_repeated_kind_on_its_own_constants(dtype):
     """Nodes of one kind reached by the same states share a worked-out
