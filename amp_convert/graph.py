@@ -8,7 +8,7 @@ keeps the converter linear in the number of nodes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Set
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 
@@ -509,3 +509,8 @@ class NameGenerator:
             name = f"{base}_{i}"
         self._made.add(name)
         return name
+
+    @property
+    def made(self) -> Set[str]:
+        """The names it has made."""
+        return self._made

@@ -373,9 +373,16 @@ class Rewriter:
                     value.type.tensor_type.elem_type = low
                     changed[value.name] = low
         self.retyped.update(changed)
-        for value in ctx.graph.value_info:
-            if value.name in changed and value.type.HasField("tensor_type"):
-                value.type.tensor_type.elem_type = changed[value.name]
+        stale = []  # (entries of names the rewrite gave new tensors: no tensor had them, they would contradict these)
+        made = self.names.made
+        for k, value in enumerate(ctx.graph.value_info):
+            name = value.name
+            if name in made:
+                stale.append(k)
+            elif name in changed and value.type.HasField("tensor_type"):
+                value.type.tensor_type.elem_type = changed[name]
+        for k in reversed(stale):
+            del ctx.graph.value_info[k]
         # Types the planner assumed (outputs of white-listed custom ops) are written down.
         declared = {v.name for v in ctx.graph.value_info} if ctx.assumed_float else ()
         for name in sorted(ctx.assumed_float.difference(declared, ctx.output_names)):

@@ -1151,6 +1151,39 @@ def test_new_nodes_never_take_the_name_of_a_node_the_model_has(dtype):
         assert close(run(out, feed)[0], run(m, feed)[0])
 
 
+def test_a_value_info_entry_no_tensor_has_does_not_contradict_the_new_tensor_of_its_name():
+    """value_info entries for h_fp16 and, in a branch, t_fp16 (float32, of
+    another shape) that no node writes, left over by an editing tool: the
+    Casts making h's and t's fp16 copies take those free names, and the
+    stale entries go (they would contradict them: the checker refused it)."""
+    then_g = helper.make_graph(
+        [helper.make_node("Exp", ["h"], ["t"], name="exp2"), helper.make_node("MatMul", ["t", "W"], ["o"], name="mm2")],
+        "then",
+        [],
+        [value("o")],
+        value_info=[value("t_fp16", shape=(3, 3))],
+    )
+    else_g = helper.make_graph([helper.make_node("Relu", ["h"], ["e"], name="relu")], "else", [], [value("e")])
+    nodes = [
+        helper.make_node("Exp", ["x"], ["h"], name="exp"),
+        helper.make_node("MatMul", ["h", "W"], ["a"], name="mm"),
+        helper.make_node("If", ["cond"], ["y"], name="if", then_branch=then_g, else_branch=else_g),
+    ]
+    m = model(nodes, [value("x"), value("cond", onnx.TensorProto.BOOL, shape=())], [value("y"), value("a")], [init("W", w(4, 4))])
+    m.graph.value_info.append(value("h_fp16", shape=(3, 3)))
+    onnx.checker.check_model(m, full_check=True)
+    out = convert(m, level="O1").model  # (fully checked)
+    then_out = next(a.g for a in nodes_of(out, "If")[0].attribute if a.name == "then_branch")
+    assert {n.output[0] for n in out.graph.node if n.op_type == "Cast"} >= {"h_fp16"}
+    assert "t_fp16" in {n.output[0] for n in then_out.node if n.op_type == "Cast"}
+    assert "h_fp16" not in {v.name for v in out.graph.value_info}
+    assert "t_fp16" not in {v.name for v in then_out.value_info}
+    for cond in (True, False):
+        feeds = {"x": RNG.uniform(-1, 1, (2, 4)).astype(np.float32), "cond": np.array(cond)}
+        for a, b in zip(run(m, feeds), run(out, feeds), strict=True):
+            assert close(a, b)
+
+
 # ------------------------------------------------------- ops shaped like their input
 
 
