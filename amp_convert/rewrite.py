@@ -29,7 +29,7 @@ from onnx import helper, numpy_helper
 
 from .dtypes import FLOAT, LowDtype
 from .external import is_external, read_array, retype_external
-from .graph import UNTYPED, GraphContext, NameGenerator
+from .graph import UNTYPED, GraphContext, NameGenerator, node_subgraphs
 from .lists import DTYPE_AGNOSTIC_INPUTS, DTYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
 from .plan import Demand, Plan, Precision
 from .safety import (
@@ -285,6 +285,10 @@ class Rewriter:
 
     def run(self, ctx: GraphContext) -> RewriteStats:
         self._rewrite_graph(ctx)
+        renamed: set[tuple[str, str]] = set()
+        for body in ctx.walk():  # (outer before inner)
+            if body.parent is not None:
+                self._unshadow(body, renamed)
         return self.stats
 
     # ------------------------------------------------------------------ graph
@@ -531,6 +535,29 @@ class Rewriter:
                 continue
             value.name = self._version(ctx, name, wanted, top, after, hoist=False)
 
+    def _unshadow(self, body: GraphContext, renamed: set[tuple[str, str]]) -> None:
+        """A body's initializer named as a value of an outer scope, which the
+        conversion gave another type than that value, takes a name of its
+        own (in the body, and in the bodies within that read it): onnx's
+        type inference takes the outer value's type for the inner name and
+        refuses the body. ``renamed``: (graph path, name) of the outer
+        initializers renamed so far (the value seen outside is then the one
+        further out)."""
+        for name, tensor in body.initializers.items():
+            outer = _outer_scope(body, name)
+            while outer is not None and (outer.path, name) in renamed:
+                outer = _outer_scope(outer, name)
+            if outer is None or self._final_type(body, name) == self._final_type(outer, name):
+                continue
+            tensor.name = own = self.names(name)
+            self.retyped[own] = self._final_type(body, name)
+            renamed.add((body.path, name))
+            _rename_reads(body.graph, name, own)
+
+    def _final_type(self, ctx: GraphContext, name: str) -> int:
+        """The element type of ``name``, defined in ``ctx``, once rewritten."""
+        return self._changed[ctx.path].get(name) or ctx.types.get(name, 0)
+
     # ---------------------------------------------------------------- versions
 
     def _lookup(self, ctx: GraphContext, name: str) -> dict[int, str] | None:
@@ -718,6 +745,27 @@ def encoded_cast(source: str, target: str, to: int, name: str) -> bytes:
 
 
 _TO_ATTRIBUTES = {to: _to_attribute(to) for to in onnx.TensorProto.DataType.values()}
+
+
+def _outer_scope(ctx: GraphContext, name: str) -> GraphContext | None:
+    """The innermost graph outside ``ctx`` that defines ``name``."""
+    return ctx.parent.scope_of(name) if ctx.parent is not None else None
+
+
+def _rename_reads(graph: onnx.GraphProto, old: str, new: str) -> None:
+    """``graph``'s reads of ``old`` read ``new``: its nodes', its bodies'
+    that do not define ``old`` themselves, and its outputs and value_info name it."""
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            if name == old:
+                node.input[k] = new
+        for _, body in node_subgraphs(node):
+            defined = chain(body.input, body.initializer, (t.values for t in body.sparse_initializer))
+            if not any(v.name == old for v in defined) and all(old not in n.output for n in body.node):
+                _rename_reads(body, old, new)
+    for value in chain(graph.output, graph.value_info):
+        if value.name == old:
+            value.name = new
 
 
 def _set_int_attr(node: onnx.NodeProto, name: str, value: int) -> None:

@@ -1274,6 +1274,54 @@ def test_sibling_branches_may_each_define_a_tensor_of_one_name(level):
         assert close(run(out, feed)[0], run(m, feed)[0])
 
 
+@pytest.mark.parametrize("nested_w", ["reads the branch's", "its own"])
+def test_a_branch_initializer_named_as_an_outer_one_of_another_type_gets_a_name_of_its_own(nested_w):
+    """A branch's weight W shadows the main graph's W: the branch's runs low,
+    the outer one stays fp32 for a Softmax. onnx's type inference would take
+    the outer type for the inner name (the full check failed): the inner W
+    is renamed, in the branch and in the body within it that reads it; a W
+    of that body's own then shadows the outer W: it is renamed too."""
+    inner_w = w(4, 4, scale=3)
+    own = [init("W", w(4, 4))] if nested_w == "its own" else []
+    nested = helper.make_graph([helper.make_node("MatMul", ["t", "W"], ["n"])], "nested_then", [], [value("n")], own)
+    nested_else = helper.make_graph([helper.make_node("Relu", ["t"], ["ne"])], "nested_else", [], [value("ne")])
+    then_g = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["t"], name="inner_mm"),
+            helper.make_node("If", ["c"], ["tn"], name="nested_if", then_branch=nested, else_branch=nested_else),
+        ],
+        "then",
+        [],
+        [value("tn")],
+        [init("W", inner_w)],
+    )
+    else_g = helper.make_graph([helper.make_node("Relu", ["x"], ["e"])], "else", [], [value("e")])
+    nodes = [
+        helper.make_node("If", ["c"], ["r"], name="if", then_branch=then_g, else_branch=else_g),
+        helper.make_node("Softmax", ["W"], ["ws"], name="sm"),
+        helper.make_node("Add", ["r", "x"], ["y0"], name="add"),
+        helper.make_node("MatMul", ["y0", "ws"], ["y"], name="mm"),
+    ]
+    inputs = [value("x"), value("c", onnx.TensorProto.BOOL, shape=())]
+    m = model(nodes, inputs, [value("y")], [init("W", w(4, 4))])
+    out, plan = convert(m, level="O1")  # (the full check runs)
+    assert plan.by_name("inner_mm", "if/then_branch").precision is Precision.LOW
+    assert init_type(out, "W") == F32
+    then_out = next(a.g for a in nodes_of(out, "If")[0].attribute if a.name == "then_branch")
+    (inner,) = then_out.initializer
+    assert inner.name != "W" and inner.data_type == F16
+    nested_out = next(a.g for a in then_out.node[-1].attribute if a.name == "then_branch")
+    read = [n.input[1] for n in (*then_out.node, *nested_out.node) if n.op_type == "MatMul"]
+    if nested_w == "its own":
+        (nested_own,) = nested_out.initializer
+        assert read == [inner.name, nested_own.name] and len({"W", *read}) == 3
+    else:
+        assert read == [inner.name, inner.name]
+    for c in (True, False):
+        feed = {"x": RNG.standard_normal((2, 4)).astype(np.float32), "c": np.array(c)}
+        assert close(run(m, feed)[0], run(out, feed)[0])
+
+
 @pytest.mark.parametrize("target, ir", [(22, 10), (24, 12), (25, 13), (26, 13)])
 def test_an_upgraded_model_gets_the_ir_version_its_opset_came_with(target, ir):
     """The IR version of the first onnx release with that opset: onnxruntime
