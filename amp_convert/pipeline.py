@@ -29,7 +29,7 @@ from .load import check_input_model, check_versions, load_model
 from .opset import check_target_opset, upgrade_opset
 from .options import ConvertOptions
 from .plan import Plan, make_plan
-from .rewrite import Rewriter, RewriteStats
+from .rewrite import Rewriter, RewriteStats, declare_initializers
 from .safety import ConstantRanges
 from .schema import model_opsets
 from .typeinfo import infer_types
@@ -211,6 +211,8 @@ def _convert(
             result.cleanup = clean_up(work, types, cast_triples(input_casts) + rewriter.new_casts)
         # (the clean-up removes only Casts, and counts them)
         result.casts_after += result.stats.casts_inserted - sum(result.cleanup.values())
+        if work.ir_version < 4:
+            declare_initializers(ctx)
         timer.lap("cleanup")
     # A model read from external data is checked as a file once written: the
     # in-memory checker would need its data, and a serialized copy of it.

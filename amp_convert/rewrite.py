@@ -662,6 +662,21 @@ class Rewriter:
 _INSERT_AT_MOST = 256
 
 
+def declare_initializers(root: GraphContext) -> None:
+    """Before IR version 4 every initializer is also a graph input of its
+    type: the initializers the rewrite added get one, and the inputs of
+    those it retyped take the new type."""
+    for ctx in root.walk():
+        graph = ctx.graph
+        declared = {v.name: v for v in graph.input}
+        for tensor in graph.initializer:
+            v = declared.get(tensor.name)
+            if v is None:
+                graph.input.append(helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
+            elif v.type.HasField("tensor_type") and v.type.tensor_type.elem_type != tensor.data_type:
+                v.type.tensor_type.elem_type = tensor.data_type
+
+
 def _place(ctx: GraphContext, top: list[bytes], after: dict[int, list[bytes]]) -> None:
     """Put the encoded nodes ``top`` first and ``after[i]`` right after node
     ``i``, keeping the order topological."""

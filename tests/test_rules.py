@@ -1442,3 +1442,22 @@ def test_an_upgrade_keeps_the_labels_of_unnamed_nodes():
         plan = convert(m, level="O2", dtype=dtype, keep_fp32=["^MatMul_1$"]).plan
         assert plan.by_name("MatMul_1").op_type == "MatMul" and plan.by_name("MatMul_1").rule == "user-keep-fp32"
         assert plan.by_name("Pad_0").op_type == "Pad"
+
+
+def test_an_ir3_model_lists_the_initializers_the_conversion_adds_among_its_inputs():
+    """Before IR version 4 every initializer must also be a graph input: the
+    clipped low copy of a weight read fp32 and low failed the checker."""
+    nodes = [
+        helper.make_node("Softmax", ["W"], ["s"], name="sm", axis=1),
+        helper.make_node("Mul", ["x", "W"], ["m"], name="mul"),
+        helper.make_node("Add", ["m", "s"], ["y"], name="add"),
+    ]
+    weight = np.array([[1e5, 1.0], [2.0, 3.0]], np.float32)
+    m = model(
+        nodes, [value("x", shape=(2, 2)), value("W", shape=(2, 2))], [value("y", shape=(2, 2))], [init("W", weight)], opset=8
+    )
+    m.ir_version = 3
+    out, _ = convert(m, level="O3", safety=False)  # (the full check runs)
+    inputs = {v.name: v.type.tensor_type.elem_type for v in out.graph.input}
+    assert {t.name: t.data_type for t in out.graph.initializer}.items() <= inputs.items()
+    assert F16 in inputs.values()
