@@ -532,6 +532,13 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     output = output or _default_output(model, options.dtype)
     if auto and not kw["validate"]:
         raise AmpError("--level auto measures accuracy: it cannot run with --no-validate")
+    if not auto:  # (a config file may hold them for the runs that are auto: only flags are refused)
+        given = click.get_current_context().get_parameter_source
+        for name in ("max_trials", "auto_from"):
+            if given(name) is click.core.ParameterSource.COMMANDLINE:
+                raise AmpError(
+                    f"--{name.replace('_', '-')} applies to --level auto only (the level is {options.effective_level})"
+                )
     start = options.auto_start(kw["auto_from"]) if auto else None
     # Without validation nothing runs the input before it is converted: the
     # checker runs beside the conversion, in a child process.

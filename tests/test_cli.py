@@ -276,7 +276,8 @@ def test_top_sets_the_offenders_the_terminal_lists(resnet, tmp_path, capsys, top
 
 def test_config_file_and_flags_override_it(resnet, tmp_path):
     config = tmp_path / "amp.toml"
-    config.write_text('level = "O3"\ndtype = "bf16"\nwhite-list = ["Add"]\n')
+    # (max-trials for the runs that are auto: from a config file it is no error at another level)
+    config.write_text('level = "O3"\ndtype = "bf16"\nwhite-list = ["Add"]\nmax-trials = 4\n')
     plan_path = tmp_path / "plan.json"
     assert main([str(resnet), "--config", str(config), "-o", str(tmp_path / "a.onnx"), "--plan-json", str(plan_path), "-q"]) == 0
     assert json.loads(plan_path.read_text())["level"] == "O3"
@@ -322,6 +323,9 @@ def test_help_gives_an_example_for_each_option(command, least):
         (["{model}", "--only-black-list", "Relu", "--white-list", "Relu"], "in both --white-list and --only-black-list: Relu"),
         (["{model}", "--only-white-list", "Conv", "--only-black-list", "Relu"], "not both"),
         (["{model}", "--keep-fp32", "("], "invalid regular expression"),
+        (["{model}", "--max-trials", "5"], "--max-trials applies to --level auto only (the level is O2)"),
+        (["{model}", "--level", "O1", "--auto-from", "O2"], "--auto-from applies to --level auto only (the level is O1)"),
+        (["{model}", "--config", "{tmp}/auto.toml", "--level", "O1", "--max-trials", "3"], "--max-trials applies"),
         (["{model}", "-o", "{model}"], "output is the input"),
         (["{model}", "-o", "{tmp}/no/such/dir/out.onnx"], "does not exist"),
         (["{model}", "--config", "{tmp}/bad.toml"], "malformed TOML"),
@@ -331,6 +335,7 @@ def test_help_gives_an_example_for_each_option(command, least):
 def test_usage_errors_exit_2_with_one_line_and_write_nothing(resnet, tmp_path, args, message):
     (tmp_path / "bad.toml").write_text("level = \n")
     (tmp_path / "unknown.toml").write_text('colour = "blue"\n')
+    (tmp_path / "auto.toml").write_text('level = "auto"\nmax-trials = 4\n')
     before = resnet.read_bytes()
     files_before = sorted(p.name for p in tmp_path.iterdir())
     subst = {"model": str(resnet), "missing": str(tmp_path / "missing.onnx"), "tmp": str(tmp_path)}
