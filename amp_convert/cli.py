@@ -572,7 +572,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
             searched = _auto(reference, options, start, source, calibration, kw, folder)
             result, validation = searched.conversion, searched.validation
             if validation is not None:  # (None: no trial passed, the fp32 model is written)
-                _check_loads(result.model, validation.provider)
+                _check_loads(result.model, validation.provider, kw["check"])
         else:
             # Without validation the fp32 model is not needed afterwards: convert it in place.
             with _stage_line(kw) as on_stage:
@@ -589,7 +589,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
                     ahead=loaded.ahead_result,
                 )
             if source is not None:
-                _check_loads(result.model, kw["provider"])
+                _check_loads(result.model, kw["provider"], kw["check"])
             validation = (
                 _validate(reference, result.model, source, kw, result.plan, folder, calibration, options.dtype)
                 if source is not None
@@ -868,15 +868,18 @@ def _check_target_runs(model, target: int) -> None:
         )
 
 
-def _check_loads(model, provider: str) -> None:
+def _check_loads(model, provider: str, check: str) -> None:
     """Validation runs the converted model with its intermediate tensors
     exposed, or through its emulation twin: where onnxruntime's graph
     optimizations fail on the model as written (a fusion taking a Cast in),
     they may not show there. The model as written must load: checked where
     it should (fp16, or bf16 on CUDA; onnxruntime's CPU provider has no
-    bf16 kernels), and where it is in memory (not in external data)."""
+    bf16 kernels), and where it is in memory (not in external data).
+    Where it does not load, onnx's checker (``check``, which otherwise
+    runs on the written file) tells whether the conversion made it invalid."""
     from onnx import TensorProto
 
+    from .check import check_converted
     from .emulate import detect_low_dtype
     from .external import has_external
     from .runner import choose_provider, session
@@ -887,15 +890,22 @@ def _check_loads(model, provider: str) -> None:
         return
     try:
         session(model, resolved)
+        return
     except AmpError as e:
-        import onnxruntime
-
         detail = str(e).removeprefix("onnxruntime cannot load the model: ")
+    import onnxruntime
+
+    prefix = f"onnxruntime {onnxruntime.__version__} cannot load the converted model on {resolved}"
+    if check == "none":
         raise ConversionError(
-            f"onnxruntime {onnxruntime.__version__} cannot load the converted model on {resolved}, which is valid "
-            f"ONNX: one of its graph optimizations fails on it ({detail}); try another level, or keep the nodes "
-            "it involves fp32 (--keep-fp32)"
-        ) from None
+            f"{prefix} ({detail}); onnx's checker has not run on it (--check none): --check full tells "
+            "whether the conversion made it invalid"
+        )
+    check_converted(model, check)  # (the conversion made it invalid: the checker's message, exit 3)
+    raise ConversionError(
+        f"{prefix}, which is valid ONNX: one of its graph optimizations fails on it ({detail}); try another "
+        "level, or keep the nodes it involves fp32 (--keep-fp32)"
+    )
 
 
 def _tolerance(kw: dict, reference_low: str):

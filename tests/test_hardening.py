@@ -1769,6 +1769,10 @@ def test_a_converted_model_onnxruntime_cannot_load_is_no_pass(tmp_path, per_node
     proc = cli(path, "--level", "O1", "-o", out / "ln.fp16.onnx", *([] if per_node else ["--no-per-node"]))
     assert proc.returncode == 3, proc.stderr
     assert "cannot load the converted model" in proc.stderr and "Traceback" not in proc.stderr
+    assert "which is valid ONNX" in proc.stderr  # (the checker passed it)
+    assert list(out.iterdir()) == []
+    proc = cli(path, "--level", "O1", "--check", "none", "-o", out / "ln.fp16.onnx")
+    assert proc.returncode == 3 and "valid ONNX" not in proc.stderr and "checker has not run on it" in proc.stderr
     assert list(out.iterdir()) == []
     proc = cli(path, "--level", "O2", "-o", out / "ln.fp16.onnx")
     assert proc.returncode == 0, proc.stderr
