@@ -594,8 +594,8 @@ class Rewriter:
         if home is not ctx:
             top, after = self._placements[home.path]
         producer = home.producer.get(name)
-        if producer is not None and need == self.low.onnx_type and home.ops[producer] == "Constant":
-            copy = self._constant_copy(home, producer, name)
+        if producer is not None and need == self.low.onnx_type and home.ops[producer] in ("Constant", "ConstantOfShape"):
+            copy = self._constant_copy(home, producer, name, after)
             if copy is not None:
                 self._versions[home.path][name] = {**vs, need: copy}
                 return copy
@@ -609,11 +609,31 @@ class Rewriter:
         self._versions[home.path][name] = {**vs, need: target}
         return target
 
-    def _constant_copy(self, ctx: GraphContext, i: int, name: str) -> str | None:
+    def _constant_copy(self, ctx: GraphContext, i: int, name: str, after: dict) -> str | None:
         """The low copy (see :meth:`_low_copy`) of the fp32 value of Constant
-        node ``i``, which writes ``name``, as an initializer has."""
-        found = attribute_constant(ctx.nodes[i], name) if is_default_domain(ctx.domains[i]) else None
-        return None if found is None else self._low_copy(ctx, name, constant_array(found[1], self.base_dir))
+        node ``i``, which writes ``name``, as an initializer has. For a
+        ConstantOfShape whose fill value is beyond the low range, the copy
+        is a second ConstantOfShape (of the same shape), filled with it
+        clipped (``after``: where it is placed, after node ``i``)."""
+        node = ctx.nodes[i]
+        found = attribute_constant(node, name) if is_default_domain(ctx.domains[i]) else None
+        if found is None:
+            return None
+        array = constant_array(found[1], self.base_dir)
+        if ctx.ops[i] == "Constant":
+            return self._low_copy(ctx, name, array)
+        found = value_stats(array)
+        if found.abs_max <= self.low.max:  # (a Cast will do; a fill value it flushes to zero is counted)
+            if found.underflow(self.low):
+                self.stats.flushed[name] = self.stats.flushed.get(name, 0) + found.underflow(self.low)
+            return None
+        low = self.low.onnx_type
+        copy = self.names(f"{name}_{_short(low)}")
+        value = numpy_helper.from_array(to_low_array(array, self.low, name, self.stats), copy)
+        fill = helper.make_node("ConstantOfShape", [node.input[0]], [copy], name=self.names(f"{copy}_fill"), value=value)
+        after.setdefault(i, []).append(fill.SerializeToString())
+        self.retyped[copy] = low
+        return copy
 
     def _cast_node(self, source: str, target: str, to: int) -> bytes:
         self.retyped[target] = to

@@ -404,6 +404,29 @@ def test_a_shared_out_of_range_constant_gives_its_low_readers_a_clipped_copy(for
     assert np.array_equal(run(m, feeds)[1], got[1])
 
 
+def test_a_shared_out_of_range_fill_value_gives_its_low_readers_a_clipped_constant_of_shape():
+    """A ConstantOfShape filled with 1e5, read fp32 by a Softmax and low by
+    a Mul: the Mul reads a second ConstantOfShape of the same shape, filled
+    with 65504 (counted), not a Cast that makes Inf."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+        helper.make_node("ConstantOfShape", ["shape"], ["c"], name="fill", value=init("v", np.array([1e5], np.float32))),
+        helper.make_node("Mul", ["x", "c"], ["a"], name="mul"),
+        helper.make_node("MatMul", ["a", "W"], ["y"], name="mm"),
+        helper.make_node("Softmax", ["c"], ["sc"], name="sm"),
+    ]
+    weight = w(4, 4, scale=1e-4)
+    m = model(nodes, [value("x", shape=(1, 4))], [value("y", shape=(1, 4)), value("sc", shape=(1, 4))], [init("W", weight)])
+    result = convert(m, level="O3", keep_fp32=["^sm$"])
+    assert result.plan.by_name("mul").precision is Precision.LOW
+    assert result.stats.clipped == {"c": 1} and not casts_into(result.model, "c")
+    assert len(nodes_of(result.model, "ConstantOfShape")) == 2
+    feeds = {"x": np.full((1, 4), 0.25, np.float32)}
+    got = run(result.model, feeds)
+    assert np.all(np.isfinite(got[0])) and close(np.full((1, 4), 65504 * 0.25, np.float32) @ weight, got[0])
+    assert np.array_equal(run(m, feeds)[1], got[1])
+
+
 def test_out_of_range_constant_keeps_its_consumer_fp32_unless_forced():
     nodes = [
         helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
