@@ -882,17 +882,15 @@ def _check_loads(model, provider: str, check: str) -> None:
     from .check import check_converted
     from .emulate import detect_low_dtype
     from .external import has_external
-    from .runner import choose_provider, session
+    from .runner import choose_provider, load_refusal
 
     resolved, _ = choose_provider(provider)
     low = detect_low_dtype(model)
     if low is None or has_external(model) or (low == TensorProto.BFLOAT16 and resolved != "cuda"):
         return
-    try:
-        session(model, resolved)
+    detail = load_refusal(model, resolved)
+    if detail is None:
         return
-    except AmpError as e:
-        detail = str(e).removeprefix("onnxruntime cannot load the model: ")
     import onnxruntime
 
     prefix = f"onnxruntime {onnxruntime.__version__} cannot load the converted model on {resolved}"

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import subprocess
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -93,6 +96,39 @@ def session(model: onnx.ModelProto, provider: str, base_dir: str | os.PathLike |
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AmpError(f"onnxruntime cannot load the model: {first}") from None
+
+
+_LOAD_IN_CHILD = """
+import sys
+import onnxruntime as ort
+options = ort.SessionOptions()
+options.log_severity_level = 4
+try:
+    ort.InferenceSession(sys.argv[1], options, providers=sys.argv[2].split(","))
+except Exception as e:
+    text = str(e).strip()
+    sys.exit(text.splitlines()[0] if text else type(e).__name__)
+"""
+
+
+def load_refusal(model: onnx.ModelProto, provider: str) -> str | None:
+    """Why onnxruntime cannot load ``model`` (in memory) as written, with
+    its default optimizations (None: it loads). Asked of a child process:
+    some of its graph optimizations crash the process on some valid models
+    (1.31's NchwcTransformer on an fp16 Transpose feeding a MatMul)."""
+    providers = [_CUDA, _CPU] if provider == "cuda" else [_CPU]
+    with scratch_folder() as folder:
+        path = folder / "model.onnx"
+        path.write_bytes(model.SerializeToString())
+        child = subprocess.run(
+            [sys.executable, "-c", _LOAD_IN_CHILD, str(path), ",".join(providers)], capture_output=True, text=True
+        )
+    if child.returncode == 0:
+        return None
+    if child.returncode < 0:
+        return f"the process loading it crashed ({signal.Signals(-child.returncode).name})"
+    lines = child.stderr.strip().splitlines()
+    return lines[-1] if lines else f"the process loading it exited with {child.returncode}"
 
 
 def version_refusal(opset: int, ir_version: int) -> str | None:

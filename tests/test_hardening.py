@@ -1781,6 +1781,44 @@ def test_a_converted_model_onnxruntime_cannot_load_is_no_pass(tmp_path, per_node
     ort.InferenceSession(str(out / "ln.fp16.onnx"), providers=["CPUExecutionProvider"])
 
 
+def test_a_converted_model_that_crashes_onnxruntime_is_no_pass_and_no_crash(tmp_path):
+    """onnxruntime 1.31's CPU NchwcTransformer crashes the process (SIGSEGV)
+    creating a session of an fp16 Transpose feeding a MatMul with dynamic
+    dims (ViT and Whisper encoders at O2): the load check ran in-process and
+    the command died without a word. It loads the model in a child process:
+    exit 3, nothing written, the crash named."""
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], name="tr", perm=[1, 0, 2]),
+        helper.make_node("MatMul", ["t", "W"], ["y"], name="mm"),
+    ]
+    weight = numpy_helper.from_array((np.random.default_rng(0).standard_normal((16, 16)) * 0.1).astype(np.float32), "W")
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["s", "b", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", 16])],
+        [weight],
+    )
+    path = tmp_path / "tm.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    converted = tmp_path / "probe.onnx"
+    onnx.save(convert(onnx.load(path), level="O2").model, converted)
+    probe = [
+        sys.executable,
+        "-c",
+        f"import onnxruntime as o; o.InferenceSession({str(converted)!r}, providers=['CPUExecutionProvider'])",
+    ]
+    if subprocess.run(probe, capture_output=True).returncode >= 0:
+        pytest.skip("this onnxruntime loads the pattern without crashing")
+    converted.unlink()
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = cli(path, "--level", "O2", "-o", out / "tm.fp16.onnx")
+    assert proc.returncode == 3, proc.stderr
+    assert "cannot load the converted model on cpu" in proc.stderr and "crashed (SIGSEGV)" in proc.stderr
+    assert "Traceback" not in proc.stderr and list(out.iterdir()) == []
+
+
 @pytest.mark.parametrize("external", [False, True])
 def test_file_names_that_are_not_utf8_convert(tmp_path, external):
     """A byte the file system allows but UTF-8 does not (onnx's checker opens
