@@ -129,8 +129,9 @@ class ErrorStats:
         # float32's lowest) would overflow float32 sums.
         r = ref.astype(np.float64)
         c = cand.astype(np.float64)
-        diff = r - c
-        sq_err = float(np.dot(diff, diff))
+        with np.errstate(invalid="ignore", over="ignore"):  # (-inf - -inf is NaN: those pairs are left out below)
+            diff = r - c
+            sq_err = float(np.dot(diff, diff))
         if not math.isfinite(sq_err):
             r_fin, c_fin = np.isfinite(r), np.isfinite(c)
             self.new_nonfinite += _new_nonfinite(r, c, r_fin, c_fin)

@@ -9,6 +9,7 @@ import math
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import jsonschema
@@ -439,6 +440,18 @@ def test_new_nan_or_inf_counts_every_change_of_kind():
     stats.update(ref, cand)
     assert stats.new_nonfinite == 3  # inf->nan, -inf->inf, nan->inf; same inf and same nan are not new
     assert stats.verdict(DEFAULT_TOLERANCES["fp16"])
+
+
+def test_measuring_infinite_values_warns_nothing():
+    """Attention masks hold -inf (float32's lowest added to itself) in fp32
+    and fp16 alike: measuring them printed numpy's RuntimeWarning under -q."""
+    ref = np.array([-np.inf, 1.0, np.inf], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for detailed in (True, False):
+            stats = ErrorStats("mask", detailed=detailed)
+            stats.update(ref, ref.astype(np.float16))
+            assert stats.new_nonfinite == 0 and stats.relative_rms == 0
 
 
 def test_a_nan_or_inf_of_the_reference_made_finite_fails_and_is_counted():
