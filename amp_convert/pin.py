@@ -30,7 +30,7 @@ from onnx import TensorProto, helper
 from .dtypes import FLOAT_TYPES
 from .graph import GraphContext
 from .lists import SELECTION_OPS
-from .schema import is_default_domain
+from .schema import is_default_domain, model_opsets
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,10 @@ def pin(model: onnx.ModelProto, selections: list[Selection], taken: set[str]) ->
     """A copy of ``model`` whose main graph reads each selection from a graph
     input of the same name, and outputs its own choice under a new name
     (returned: selection -> own name). A pinned TopK's values are gathered
-    at the pinned indices, so values and indices stay consistent."""
+    at the pinned indices, so values and indices stay consistent (from
+    opset 11, which has GatherElements; before, they stay its own: sorted,
+    they differ from those at the pinned indices by the near-tie alone)."""
+    gather = model_opsets(model).get("", 0) >= 11
     pinned = onnx.ModelProto()
     pinned.CopyFrom(model)
     graph = pinned.graph
@@ -130,7 +133,7 @@ def pin(model: onnx.ModelProto, selections: list[Selection], taken: set[str]) ->
             if name not in wanted or name in own:
                 continue
             own[name] = node.output[k] = fresh(name)
-            if node.op_type == "TopK" and k == 1 and node.output[0]:
+            if gather and node.op_type == "TopK" and k == 1 and node.output[0]:
                 values = node.output[0]
                 node.output[0] = fresh(values)
                 axis = next((a.i for a in node.attribute if a.name == "axis"), -1)

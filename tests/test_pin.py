@@ -158,6 +158,41 @@ def test_pinned_model_reads_the_choice_and_keeps_values_consistent():
     assert own_choice.shape == (1, K) and not np.array_equal(own_choice, chosen)  # its own choice, exposed
 
 
+def test_a_choice_is_pinned_before_opset_11_without_gather_elements():
+    """GatherElements, which gathers a pinned TopK's values, came in opset
+    11: at opset 10 the pinned copy was invalid and validation fell back to
+    comparing tie-breaks (a detector failed, auto kept it all fp32). There
+    the indices are pinned and the values stay TopK's own (sorted, they
+    differ from those at the pinned indices by the near-tie alone)."""
+    rng = np.random.default_rng(0)
+    base = np.abs(rng.standard_normal((16, 1))).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["raw"], name="score"),
+        helper.make_node("TopK", ["raw", "k"], ["top_values", "top_idx"], name="topk", axis=1),
+        helper.make_node("Gather", ["table", "top_idx"], ["picked"], name="pick", axis=0),
+    ]
+    inits = [
+        init("W", base + 1e-4 * rng.standard_normal((16, 256)).astype(np.float32)),
+        init("table", rng.standard_normal((256, 2)).astype(np.float32)),
+        init("k", np.array([K], np.int64)),
+    ]
+    m = model(
+        nodes, [value("x", shape=(1, 16))], [value("picked", shape=(1, K, 2)), value("top_values", shape=(1, K))], inits, opset=10
+    )
+    ctx = build_context(m.graph)
+    infer_types(ctx, model_opsets(m))
+    selections = find_selections(ctx)
+    pinned, own = pin(m, selections, tensor_names(ctx))
+    assert own == {"top_idx": "top_idx__amp_own"}
+    assert "GatherElements" not in {n.op_type for n in pinned.graph.node}
+    x = np.full((1, 16), 1.5, np.float32)
+    chosen = np.array([[5, 3, 200, 7, 0, 1, 2, 9]], np.int64)
+    picked, values, own_choice = run(pinned, {"x": x, "top_idx": chosen})
+    np.testing.assert_array_equal(picked, onnx.numpy_helper.to_array(inits[1])[chosen])  # read at the pinned indices
+    np.testing.assert_array_equal(values, run(m, {"x": x})[1])  # TopK's own values
+    assert own_choice.shape == (1, K)
+
+
 def _argmax_model(columns: int) -> onnx.ModelProto:
     """x -> MatMul -> ArgMax over ``columns`` columns -> Gather from a table of that many rows."""
     rng = np.random.default_rng(1)
