@@ -597,6 +597,9 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
             )
             if calibration is not None:
                 calibration.session = None  # (its memory goes before the model is written)
+    if kw["calibration"] and not calibrating:
+        rules = "--no-safety" if options.safety is False else f"at {options.effective_level}; --safety turns them on"
+        result.plan.notes.append(f"--calibration not read: the safety rules, which use it, are off ({rules})")
     if kw["explain"] and not kw["json_out"]:
         click.echo(result.plan.format_table())
     passed = validation is None or validation.passed

@@ -1134,6 +1134,22 @@ def test_sample_options_the_run_does_not_read_are_vetted_all_the_same(tmp_path, 
     assert_refused(proc, fragment.format(tmp=tmp_path), before, tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("args", "why"), [(["--level", "O3"], "at O3; --safety turns them on"), (["--no-safety"], "--no-safety")]
+)
+def test_a_calibration_file_the_run_does_not_read_is_said_so(tmp_path, lstm, args, why):
+    """At O3 (or with --no-safety) the safety rules, which read --calibration,
+    are off: the file is vetted, and the plan says it went unread."""
+    np.savez(tmp_path / "c.npz", input=np.zeros((1, 20, 16), np.float32))
+    plan = tmp_path / "plan.json"
+    proc = cli(
+        lstm, "-o", tmp_path / "out.onnx", "--no-validate", "--calibration", tmp_path / "c.npz", "--plan-json", plan, *args
+    )
+    assert proc.returncode == 0, proc.stderr
+    notes = json.loads(plan.read_text())["notes"]
+    assert f"--calibration not read: the safety rules, which use it, are off ({why})" in notes
+
+
 def test_generated_input_too_large_is_refused_before_allocating(tmp_path):
     x = helper.make_tensor_value_info("x", F32, ["batch", 4])
     y = helper.make_tensor_value_info("y", F32, ["batch", 4])
