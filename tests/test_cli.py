@@ -322,6 +322,10 @@ def test_help_gives_an_example_for_each_option(command, least):
         (["{model}", "--only-white-list", "Gemm", "--black-list", "Gemm"], "in both --only-white-list and --black-list: Gemm"),
         (["{model}", "--only-black-list", "Relu", "--white-list", "Relu"], "in both --white-list and --only-black-list: Relu"),
         (["{model}", "--only-white-list", "Conv", "--only-black-list", "Relu"], "not both"),
+        (
+            ["{model}", "--only-black-list", "BatchNormalization", "--no-keep-batchnorm-fp32"],
+            "BatchNormalization is on --only-black-list, and --no-keep-batchnorm-fp32 runs it low",
+        ),
         (["{model}", "--keep-fp32", "("], "invalid regular expression"),
         (["{model}", "--max-trials", "5"], "--max-trials applies to --level auto only (the level is O2)"),
         (["{model}", "--level", "O1", "--auto-from", "O2"], "--auto-from applies to --level auto only (the level is O1)"),
