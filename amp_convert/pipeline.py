@@ -24,14 +24,14 @@ from .check import CHECK_MODES, check_converted
 from .cleanup import cast_triples, clean_up, count_casts, indexed_casts
 from .errors import ConversionError
 from .external import has_external, is_external
-from .graph import NameGenerator, build_context, name_in_use, names_repeat_across_graphs
+from .graph import GraphContext, NameGenerator, build_context, name_in_use, names_repeat_across_graphs
 from .load import check_input_model, check_versions, load_model
 from .opset import check_target_opset, upgrade_opset
 from .options import ConvertOptions
 from .plan import Plan, make_plan
 from .rewrite import Rewriter, RewriteStats, declare_initializers
 from .safety import ConstantRanges
-from .schema import model_opsets
+from .schema import is_default_domain, model_opsets
 from .typeinfo import infer_types
 
 if TYPE_CHECKING:  # (calibration runs onnxruntime: its module is loaded where it is used)
@@ -211,6 +211,8 @@ def _convert(
             result.cleanup = clean_up(work, types, cast_triples(input_casts) + rewriter.new_casts)
         # (the clean-up removes only Casts, and counts them)
         result.casts_after += result.stats.casts_inserted - sum(result.cleanup.values())
+        if sum(result.cleanup.values()):
+            _mark_removed_casts(plan, ctx)
         if work.ir_version < 4:
             declare_initializers(ctx)
         timer.lap("cleanup")
@@ -228,6 +230,18 @@ def _convert(
     timer.lap("check")
     result.timings = timer.timings
     return result
+
+
+def _mark_removed_casts(plan: Plan, ctx: GraphContext) -> None:
+    """The plan's entries of the main graph's Casts that the clean-up
+    removed (they changed nothing) say so: the written model has no such
+    node. A Cast is gone when no node writes its output any more (the
+    clean-up keeps the Casts that write graph outputs, whose names stay)."""
+    written = {name for node in ctx.graph.node for name in node.output}
+    for i, op in enumerate(ctx.ops):
+        if op == "Cast" and is_default_domain(ctx.domains[i]) and ctx.outs[i] and ctx.outs[i][0] not in written:
+            entry = plan.entries[""][i]
+            entry.reason += "; removed by the clean-up: it changed nothing"
 
 
 def _tuples(values: dict) -> dict:

@@ -1484,3 +1484,22 @@ def test_an_ir3_model_lists_the_initializers_the_conversion_adds_among_its_input
     inputs = {v.name: v.type.tensor_type.elem_type for v in out.graph.input}
     assert {t.name: t.data_type for t in out.graph.initializer}.items() <= inputs.items()
     assert F16 in inputs.values()
+
+
+def test_the_plan_says_which_casts_of_the_input_the_clean_up_removed():
+    """A Cast of an int64 tensor to int64 changes nothing: the clean-up
+    removes it, and its plan entry says so (the written model has no such
+    node); the Cast that writes a graph output stays."""
+    nodes = [
+        helper.make_node("Cast", ["ids"], ["same"], name="noop", to=I64),
+        helper.make_node("Gather", ["table", "same"], ["rows"], name="lookup", axis=0),
+        helper.make_node("MatMul", ["rows", "W"], ["y"], name="mm"),
+        helper.make_node("Cast", ["ids"], ["ids_out"], name="kept", to=I64),
+    ]
+    inits = [init("table", w(8, 4)), init("W", w(4, 4))]
+    inputs = [value("ids", I64, shape=(2,))]
+    m = model(nodes, inputs, [value("y", shape=(2, 4)), value("ids_out", I64, shape=(2,))], inits)
+    out, plan = convert(m, level="O2")
+    assert {n.name for n in out.graph.node} >= {"lookup", "mm", "kept"} and "noop" not in {n.name for n in out.graph.node}
+    assert plan.by_name("noop").reason.endswith("removed by the clean-up: it changed nothing")
+    assert "removed" not in plan.by_name("kept").reason and "removed" not in plan.by_name("mm").reason
