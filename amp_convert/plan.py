@@ -683,7 +683,9 @@ class Planner:
         neutral data (constants, graph inputs) and must wait for its consumers."""
         seen = self._seen_states(ctx, i)
         if not seen:
-            entry.reason = f"{entry.reason}; fed only by constants or graph inputs"
+            # (a node of one kind shares this text: true of each, whatever its agnostic inputs read)
+            agnostic = ", or inputs it reads in whatever float type they have" if ctx.ops[i] in DTYPE_AGNOSTIC_INPUTS else ""
+            entry.reason = f"{entry.reason}; fed only by constants or graph inputs{agnostic}"
             return False
         if seen == _SEEN_F32:
             entry.reason = f"{entry.reason}; its inputs are fp32"

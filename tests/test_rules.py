@@ -1503,3 +1503,20 @@ def test_the_plan_says_which_casts_of_the_input_the_clean_up_removed():
     assert {n.name for n in out.graph.node} >= {"lookup", "mm", "kept"} and "noop" not in {n.name for n in out.graph.node}
     assert plan.by_name("noop").reason.endswith("removed by the clean-up: it changed nothing")
     assert "removed" not in plan.by_name("kept").reason and "removed" not in plan.by_name("mm").reason
+
+
+def test_a_shape_of_a_low_tensor_is_not_said_to_be_fed_only_by_constants():
+    """Shape reads its input in whatever float type it has, so no state
+    reaches it through that input; its reason said it was fed only by
+    constants or graph inputs while it read a low activation."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
+        helper.make_node("Transpose", ["m"], ["t"], name="tr", perm=[1, 0]),
+        helper.make_node("Shape", ["t"], ["s"], name="shp"),
+        helper.make_node("Reshape", ["t", "s"], ["y"], name="rs"),
+    ]
+    m = model(nodes, [value("x", shape=(4, 4))], [value("y", shape=(4, 4))], [init("W", w(4, 4))])
+    out, plan = convert(m, level="O2")
+    assert plan.by_name("tr").precision is Precision.LOW
+    assert "inputs it reads in whatever float type they have" in plan.by_name("shp").reason
+    assert [n.input[0] for n in out.graph.node if n.name == "shp"] == ["t"] and elem_types(out)["t"] == F16
