@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import numpy as np
 import onnx
 import onnx.version_converter
 from onnx import helper, numpy_helper
@@ -84,7 +83,7 @@ def _prepared(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelPr
         if current < 5:
             raise AmpError(f"cannot upgrade Hardmax from opset {current} to {target} faithfully: export at opset 5 or later")
         taken = {n for g in graphs for n in _names(g)}
-        for graph in graphs:
+        for graph in reversed(graphs):  # (bodies first: rewriting a graph copies its nodes, bodies and all)
             _hardmax_over_2d(graph, taken)
     return prepared
 
@@ -103,6 +102,8 @@ def _hardmax_over_2d(graph: onnx.GraphProto, taken: set[str]) -> None:
         taken.add(name)
         return name
 
+    if not any(map(_is_hardmax, graph.node)):
+        return
     nodes = []
     for node in graph.node:
         if not _is_hardmax(node):
@@ -140,10 +141,12 @@ def _keep_old_resize(model: onnx.ModelProto) -> None:
             modes = {"coordinate_transformation_mode": b"asymmetric"}
             mode = next((a.s for a in node.attribute if a.name == "mode"), b"nearest")
             if mode == b"nearest":
-                scales = constants.get(node.input[2]) if len(node.input) > 2 else None
+                tensor = constants.get(node.input[2]) if len(node.input) > 2 else None
+                readable = tensor is not None and tensor.data_location != onnx.TensorProto.EXTERNAL
+                scales = numpy_helper.to_array(tensor) if readable else None
                 scaled = set() if scales is None else {bool(s > 1) for s in scales.ravel().tolist() if s != 1}
                 if scales is None or len(scaled) > 1:
-                    why = "its scales are computed at run time" if scales is None else "it enlarges one axis and shrinks another"
+                    why = "its scales are not constant" if scales is None else "it enlarges one axis and shrinks another"
                     raise AmpError(
                         f"cannot upgrade Resize node {node.name or node.output[0]!r} (Upsample or opset-10 Resize, nearest mode) "
                         f"faithfully: {why}; export the model at opset 11 or later"
@@ -162,16 +165,17 @@ def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
             yield from _graphs(body)
 
 
-def _graphs_with_constants(graph: onnx.GraphProto, outer: dict) -> Iterator[tuple[onnx.GraphProto, dict[str, np.ndarray]]]:
-    """Each graph (as :func:`_graphs`) with the values of the constants it
-    sees: its own and outer scopes' initializers and Constant values."""
+def _graphs_with_constants(graph: onnx.GraphProto, outer: dict) -> Iterator[tuple[onnx.GraphProto, dict[str, onnx.TensorProto]]]:
+    """Each graph (as :func:`_graphs`) with the constants it sees: its own
+    and outer scopes' initializers and Constant values (tensors, read by
+    whoever needs one: the weights stay where they are)."""
     constants = dict(outer)
-    constants.update((t.name, numpy_helper.to_array(t)) for t in graph.initializer)
+    constants.update((t.name, t) for t in graph.initializer)
     for node in graph.node:
         if node.op_type == "Constant" and is_default_domain(node.domain):
             value = next((a.t for a in node.attribute if a.name == "value"), None)
             if value is not None:
-                constants[node.output[0]] = numpy_helper.to_array(value)
+                constants[node.output[0]] = value
     yield graph, constants
     for node in graph.node:
         for _, body in node_subgraphs(node):

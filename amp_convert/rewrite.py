@@ -398,7 +398,6 @@ class Rewriter:
             self.ranges.drop_values(ctx.path)
         if top or after:
             _place(ctx, top, after)
-            self.stats.casts_inserted += len(top) + sum(len(v) for v in after.values())
 
     def _share_low(self, ctx: GraphContext, name: str, versions: dict[str, dict[int, str]]) -> None:
         """An initializer read fp32 and low stays fp32; its low readers get a
@@ -638,6 +637,7 @@ class Rewriter:
     def _cast_node(self, source: str, target: str, to: int) -> bytes:
         self.retyped[target] = to
         self.new_casts.append((source, target, to))
+        self.stats.casts_inserted += 1
         return encoded_cast(source, target, to, self.names(f"{target}_cast"))
 
     # -------------------------------------------------------------- node body

@@ -330,3 +330,34 @@ def test_a_local_functions_external_constant_is_read_in_and_the_output_loads_els
     assert written.functions[0].node[0].attribute[0].t.data_location == onnx.TensorProto.DEFAULT
     x = RNG.standard_normal((4, 64)).astype(np.float32)
     assert np.allclose(run_path(out, x), x, atol=0.05)
+
+
+@pytest.mark.parametrize("how", [["--target-opset", "13"], ["--dtype", "bf16"]])
+def test_an_opset_upgrade_of_a_model_with_external_data_leaves_the_weights_on_disk(how, tmp_path):
+    """An upgrade from opset 10 or below looks for the scales of the
+    Resize nodes it mends: it read every initializer, external ones
+    included, without the model's folder (an internal error, exit 3)."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    scales = init("s", np.array([1, 1, 2, 2], np.float32))
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("Reshape", ["h", "shape"], ["r"], name="rs"),
+        helper.make_node("Upsample", ["r", "s"], ["y"], name="up", mode="nearest"),
+    ]
+    inits = [
+        init("W", (RNG.standard_normal((64, 64)) * 0.2).astype(np.float32)),
+        init("shape", np.array([1, 1, 8, 8], np.int64)),
+        scales,
+    ]
+    m = model(nodes, [value("x", shape=(1, 64))], [value("y", shape=(1, 1, 16, 16))], inits, opset=9)
+    onnx.save(m, str(folder / "m.onnx"), save_as_external_data=True, location="m.data", size_threshold=1024)
+    out = tmp_path / "out.onnx"
+    proc = cli(str(folder / "m.onnx"), "-o", str(out), "--no-validate", "-q", *how)
+    assert proc.returncode == 0, proc.stderr
+    converted = onnx.load(str(out))
+    assert converted.opset_import[0].version == 13
+    if "bf16" not in how:
+        x = RNG.standard_normal((1, 64)).astype(np.float32)
+        ref = ort.InferenceSession(str(folder / "m.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        assert np.allclose(run_path(out, x), ref, rtol=1e-2, atol=1e-2)

@@ -421,6 +421,7 @@ def test_a_shared_out_of_range_fill_value_gives_its_low_readers_a_clipped_consta
     assert result.plan.by_name("mul").precision is Precision.LOW
     assert result.stats.clipped == {"c": 1} and not casts_into(result.model, "c")
     assert len(nodes_of(result.model, "ConstantOfShape")) == 2
+    assert result.stats.casts_inserted == len(nodes_of(result.model, "Cast"))  # (the second fill is no Cast)
     feeds = {"x": np.full((1, 4), 0.25, np.float32)}
     got = run(result.model, feeds)
     assert np.all(np.isfinite(got[0])) and close(np.full((1, 4), 65504 * 0.25, np.float32) @ weight, got[0])
@@ -1420,6 +1421,24 @@ def test_an_opset_upgrade_keeps_what_each_op_computes(case):
     assert out.opset_import[0].version == 13 and any("opset upgraded from" in note for note in plan.notes)
     x = RNG.standard_normal([d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]).astype(np.float32)
     assert np.array_equal(run(out, {"x": x})[0], run(m, {"x": x})[0])
+
+
+def test_an_upgrade_keeps_what_a_hardmax_in_a_branch_computes():
+    """Hardmax-11 in an If branch is rewritten as in the main graph: the
+    main graph's nodes were re-listed after the bodies had been gathered,
+    which left the rewrite of the branch in a copy the model no longer held."""
+    branch = helper.make_graph(
+        [helper.make_node("Hardmax", ["x"], ["h"], name="hm", axis=1)], "then", [], [value("h", shape=(1, 2, 4, 4))]
+    )
+    other = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["i"], name="id")], "else", [], [value("i", shape=(1, 2, 4, 4))]
+    )
+    nodes = [helper.make_node("If", ["c"], ["y"], name="if", then_branch=branch, else_branch=other)]
+    inputs = [value("x", shape=(1, 2, 4, 4)), value("c", onnx.TensorProto.BOOL, shape=())]
+    m = model(nodes, inputs, [value("y", shape=(1, 2, 4, 4))], opset=11)
+    out, _ = convert(m, level="O0", target_opset=13)
+    feed = {"x": RNG.standard_normal((1, 2, 4, 4)).astype(np.float32), "c": np.array(True)}
+    assert np.array_equal(run(out, feed)[0], run(m, feed)[0])
 
 
 def test_an_upgrade_the_converter_cannot_make_faithfully_is_refused():
