@@ -182,7 +182,8 @@ class CandidateInputs:
     be of another float dtype: the samples are cast to it), and each sample must fit it."""
 
     def __init__(self, reference: list[InputSpec], candidate: onnx.ModelProto):
-        theirs = [v.name for v in candidate.graph.input if v.name not in {t.name for t in candidate.graph.initializer}]
+        initializers = {t.name for t in candidate.graph.initializer}
+        theirs = [v.name for v in candidate.graph.input if v.name not in initializers]
         ours = [s.name for s in reference]
         if sorted(theirs) != sorted(ours):
             raise AmpError(f"the models' inputs differ: {ours} (reference) vs {theirs} (candidate)")

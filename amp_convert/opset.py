@@ -42,8 +42,9 @@ def upgrade_opset(model: onnx.ModelProto, target: int) -> tuple[onnx.ModelProto,
     except Exception as e:  # the converter raises plain RuntimeErrors with C++ messages
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AmpError(f"cannot upgrade the model from opset {current} to {target}: {first}") from None
-    if current <= 10:
+    if current <= 10 < target:  # (at opset 10 Resize is Resize-10: the old behaviour, nothing to mend)
         _keep_old_resize(upgraded)
+    _keep_names(prepared, upgraded)
     upgraded.ir_version = max(ir_version, min_ir_for_opset(target))
     if model.functions and not upgraded.functions:  # (the version converter drops local functions)
         upgraded.functions.extend(model.functions)  # (each declares the opsets its body is read at)
@@ -142,11 +143,13 @@ def _keep_old_resize(model: onnx.ModelProto) -> None:
             mode = next((a.s for a in node.attribute if a.name == "mode"), b"nearest")
             if mode == b"nearest":
                 tensor = constants.get(node.input[2]) if len(node.input) > 2 else None
-                readable = tensor is not None and tensor.data_location != onnx.TensorProto.EXTERNAL
-                scales = numpy_helper.to_array(tensor) if readable else None
+                external = tensor is not None and tensor.data_location == onnx.TensorProto.EXTERNAL
+                scales = numpy_helper.to_array(tensor) if tensor is not None and not external else None
                 scaled = set() if scales is None else {bool(s > 1) for s in scales.ravel().tolist() if s != 1}
                 if scales is None or len(scaled) > 1:
-                    why = "its scales are not constant" if scales is None else "it enlarges one axis and shrinks another"
+                    why = "it enlarges one axis and shrinks another"
+                    if scales is None:
+                        why = "its scales are in external data" if external else "its scales are not constant"
                     raise AmpError(
                         f"cannot upgrade Resize node {node.name or node.output[0]!r} (Upsample or opset-10 Resize, nearest mode) "
                         f"faithfully: {why}; export the model at opset 11 or later"
@@ -155,6 +158,20 @@ def _keep_old_resize(model: onnx.ModelProto) -> None:
             kept = [a for a in node.attribute if a.name not in modes]
             del node.attribute[:]
             node.attribute.extend([*kept, *(helper.make_attribute(k, v) for k, v in modes.items())])
+
+
+def _keep_names(given: onnx.ModelProto, upgraded: onnx.ModelProto) -> None:
+    """A node the converter made anew in place of a named one (Resize for
+    Upsample) takes its name: labels and --keep-fp32 rules still mean it.
+    Known by the tensor it writes, which keeps its name."""
+    writers = {node.output[0]: node.name for g in _graphs(given.graph) for node in g.node if node.output and node.name}
+    for graph in _graphs(upgraded.graph):
+        taken = {node.name for node in graph.node}
+        for node in graph.node:
+            name = writers.get(node.output[0]) if not node.name and node.output else None
+            if name is not None and name not in taken:
+                node.name = name
+                taken.add(name)
 
 
 def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from .dtypes import LowDtype, low_dtype
 from .errors import AmpError
-from .lists import LEVELS, PROFILES, OpLists, resolve_lists
+from .lists import BATCHNORM, LEVELS, PROFILES, OpLists, resolve_lists
 from .schema import validate_op_names
 
 IO_TYPES = ("keep", "low")
@@ -122,8 +122,8 @@ class ConvertOptions:
                 both = sorted(set(white) & set(black))
                 if both:
                     raise AmpError(f"op type(s) in both {white_flag} and {black_flag}: {', '.join(both)}")
-        if self.keep_batchnorm_fp32 is False and "BatchNormalization" in (normalised.only_black_list or ()):
-            raise AmpError("BatchNormalization is on --only-black-list, and --no-keep-batchnorm-fp32 runs it low: give one")
+        if self.keep_batchnorm_fp32 is False and BATCHNORM in (normalised.only_black_list or ()):
+            raise AmpError(f"{BATCHNORM} is on --only-black-list, and --no-keep-batchnorm-fp32 runs it low: give one")
         return normalised
 
     def auto_start(self, auto_from: str | None) -> str:

@@ -235,9 +235,10 @@ def _convert(
 def _mark_removed_casts(plan: Plan, ctx: GraphContext) -> None:
     """The plan's entries of the main graph's Casts that the clean-up
     removed (they changed nothing) say so: the written model has no such
-    node. A Cast is gone when no node writes its output any more (the
-    clean-up keeps the Casts that write graph outputs, whose names stay)."""
-    written = {name for node in ctx.graph.node for name in node.output}
+    node. A Cast is gone when no Cast writes its output any more (the
+    clean-up renames a removed Cast's readers; it keeps the Casts that write
+    graph outputs, whose names stay)."""
+    written = {node.output[0] for node in ctx.graph.node if node.op_type == "Cast" and node.output}
     for i, op in enumerate(ctx.ops):
         if op == "Cast" and is_default_domain(ctx.domains[i]) and ctx.outs[i] and ctx.outs[i][0] not in written:
             entry = plan.entries[""][i]

@@ -408,16 +408,24 @@ class Rewriter:
         if copy is not None:
             versions[name] = {FLOAT: name, self.low.onnx_type: copy}
 
+    def _fits_low(self, name: str, array: np.ndarray) -> bool:
+        """Whether constant ``name``'s values are within the low dtype's
+        range, so a Cast will do; the values that Cast flushes to zero are
+        counted."""
+        found = value_stats(array)
+        if found.abs_max > self.low.max:
+            return False
+        if found.underflow(self.low):
+            self.stats.flushed[name] = self.stats.flushed.get(name, 0) + found.underflow(self.low)
+        return True
+
     def _low_copy(self, ctx: GraphContext, name: str, array: np.ndarray) -> str | None:
         """For the low readers of constant ``name`` (values ``array``) that
         stays fp32: None where a Cast will do, which flushes its tiny values
         to zero at run time (counted here); where it would turn values beyond
         the low dtype's range into Inf, the name of a low copy, clipped and
         counted, added to ``ctx``'s initializers."""
-        found = value_stats(array)
-        if found.abs_max <= self.low.max:
-            if found.underflow(self.low):
-                self.stats.flushed[name] = self.stats.flushed.get(name, 0) + found.underflow(self.low)
+        if self._fits_low(name, array):
             return None
         low = self.low.onnx_type
         copy = numpy_helper.from_array(to_low_array(array, self.low, name, self.stats), self.names(f"{name}_{_short(low)}"))
@@ -621,10 +629,7 @@ class Rewriter:
         array = constant_array(found[1], self.base_dir)
         if ctx.ops[i] == "Constant":
             return self._low_copy(ctx, name, array)
-        found = value_stats(array)
-        if found.abs_max <= self.low.max:  # (a Cast will do; a fill value it flushes to zero is counted)
-            if found.underflow(self.low):
-                self.stats.flushed[name] = self.stats.flushed.get(name, 0) + found.underflow(self.low)
+        if self._fits_low(name, array):
             return None
         low = self.low.onnx_type
         copy = self.names(f"{name}_{_short(low)}")

@@ -119,7 +119,10 @@ def load_refusal(model: onnx.ModelProto, provider: str) -> str | None:
     providers = [_CUDA, _CPU] if provider == "cuda" else [_CPU]
     with scratch_folder() as folder:
         path = folder / "model.onnx"
-        path.write_bytes(model.SerializeToString())
+        if payload_bytes(model) < PROTOBUF_LIMIT:
+            path.write_bytes(model.SerializeToString())
+        else:  # (protobuf serializes no message over 2 GB)
+            write_with_external_data(_copy(model), path, "model.onnx.data", None)
         child = subprocess.run(
             [sys.executable, "-c", _LOAD_IN_CHILD, str(path), ",".join(providers)], capture_output=True, text=True
         )

@@ -361,3 +361,16 @@ def test_an_opset_upgrade_of_a_model_with_external_data_leaves_the_weights_on_di
         x = RNG.standard_normal((1, 64)).astype(np.float32)
         ref = ort.InferenceSession(str(folder / "m.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
         assert np.allclose(run_path(out, x), ref, rtol=1e-2, atol=1e-2)
+
+
+def test_an_upgrade_that_would_read_resize_scales_from_external_data_says_so(tmp_path):
+    """A nearest Resize-10 needs its scales read to be upgraded faithfully:
+    in external data (every tensor saved there), the refusal says where they
+    are, not that they are not constant."""
+    nodes = [helper.make_node("Resize", ["x", "s"], ["y"], name="up", mode="nearest")]
+    inits = [init("s", np.array([1, 1, 2, 2], np.float32))]
+    m = model(nodes, [value("x", shape=(1, 1, 4, 4))], [value("y", shape=(1, 1, 8, 8))], inits, opset=10)
+    onnx.save(m, str(tmp_path / "m.onnx"), save_as_external_data=True, location="m.data", size_threshold=0)
+    proc = cli(str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out.onnx"), "--no-validate", "--target-opset", "13")
+    assert proc.returncode == 2 and "'up'" in proc.stderr and "its scales are in external data" in proc.stderr
+    assert not (tmp_path / "out.onnx").exists()

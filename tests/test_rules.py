@@ -1419,6 +1419,8 @@ def test_an_opset_upgrade_keeps_what_each_op_computes(case):
     m = UPGRADED[case]()
     out, plan = convert(m, level="O0", target_opset=13)
     assert out.opset_import[0].version == 13 and any("opset upgraded from" in note for note in plan.notes)
+    name = m.graph.node[0].name  # (the node the converter makes anew in its place keeps its name)
+    assert name in {n.name for n in out.graph.node} and plan.by_name(name) is not None
     x = RNG.standard_normal([d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]).astype(np.float32)
     assert np.array_equal(run(out, {"x": x})[0], run(m, {"x": x})[0])
 
@@ -1439,6 +1441,18 @@ def test_an_upgrade_keeps_what_a_hardmax_in_a_branch_computes():
     out, _ = convert(m, level="O0", target_opset=13)
     feed = {"x": RNG.standard_normal((1, 2, 4, 4)).astype(np.float32), "c": np.array(True)}
     assert np.array_equal(run(out, feed)[0], run(m, feed)[0])
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_an_upgrade_to_opset_10_leaves_the_resize_it_makes_as_resize_10_has_it(mode):
+    """Upsample-9 becomes Resize-10, which computes as Upsample did and has
+    none of Resize-11's modes: they were set on it all the same (onnxruntime
+    refused the attribute; nearest was refused for want of a third input)."""
+    m = _resize("Upsample", 9, mode, 2.0)
+    out, _ = convert(m, level="O0", target_opset=10)
+    assert [n.op_type for n in out.graph.node] == ["Resize"] and [a.name for a in out.graph.node[0].attribute] == ["mode"]
+    x = RNG.standard_normal((1, 1, 5, 5)).astype(np.float32)
+    assert np.array_equal(run(out, {"x": x})[0], run(m, {"x": x})[0])
 
 
 def test_an_upgrade_the_converter_cannot_make_faithfully_is_refused():
