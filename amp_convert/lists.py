@@ -280,6 +280,27 @@ DTYPE_AGNOSTIC_INPUTS: dict[str, tuple[int, ...]] = {
 # fp16 gives 2048.
 CONVERTED_INPUTS = frozenset({"Cast"})
 
+# Ops that pass a constant's values through unchanged: they move, pick,
+# repeat or pad them (so a constant behind them still reaches the consumer as
+# it is). Value: the inputs whose values they pass on (None: every input):
+# the data, and Pad's constant_value and the scatters' updates.
+PASS_THROUGH_OPS: dict[str, tuple[int, ...] | None] = {
+    **dict.fromkeys(
+        (
+            "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Tile", "Gather",
+            "GatherElements", "GatherND", "Slice", "Split", "Compress", "Unique", "ReverseSequence", "Trilu",
+            "CenterCropPad", "DepthToSpace", "SpaceToDepth", "Cast",
+        ),
+        (0,),
+    ),
+    "Concat": None,
+    "Pad": (0, 2),
+    "Scatter": (0, 2),
+    "ScatterElements": (0, 2),
+    "ScatterND": (0, 2),
+    "TensorScatter": (0, 1),
+}  # fmt: skip
+
 LEVELS = ("O0", "O1", "O2", "O3")
 PROFILES = ("default", "mindspore", "paddle")
 

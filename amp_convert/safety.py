@@ -26,30 +26,11 @@ from .dtypes import LowDtype
 from .errors import AmpError
 from .external import read_array
 from .graph import GraphContext
+from .lists import PASS_THROUGH_OPS
 
 if TYPE_CHECKING:  # (calibration runs onnxruntime: its module is loaded where it is used)
     from .calibrate import Calibration
 
-# Ops that pass a constant's values through unchanged: they move, pick,
-# repeat or pad them (so a constant behind them still reaches the consumer as
-# it is). Value: the inputs whose values they pass on (None: every input):
-# the data, and Pad's constant_value and the scatters' updates.
-PASS_THROUGH_OPS: dict[str, tuple[int, ...] | None] = {
-    **dict.fromkeys(
-        (
-            "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Tile", "Gather",
-            "GatherElements", "GatherND", "Slice", "Split", "Compress", "Unique", "ReverseSequence", "Trilu",
-            "CenterCropPad", "DepthToSpace", "SpaceToDepth", "Cast",
-        ),
-        (0,),
-    ),
-    "Concat": None,
-    "Pad": (0, 2),
-    "Scatter": (0, 2),
-    "ScatterElements": (0, 2),
-    "ScatterND": (0, 2),
-    "TensorScatter": (0, 1),
-}  # fmt: skip
 _MORE_INPUTS = frozenset(op for op, slots in PASS_THROUGH_OPS.items() if slots != (0,))  # (than the data)
 _MAX_DEPTH = 8
 # Half the smallest subnormal rounds to zero.
