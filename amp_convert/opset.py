@@ -164,11 +164,13 @@ def _keep_names(given: onnx.ModelProto, upgraded: onnx.ModelProto) -> None:
     """A node the converter made anew in place of a named one (Resize for
     Upsample) takes its name: labels and --keep-fp32 rules still mean it.
     Known by the tensor it writes, which keeps its name."""
-    writers = {node.output[0]: node.name for g in _graphs(given.graph) for node in g.node if node.output and node.name}
+    writers = {
+        node.output[0]: node.name for g in _graphs(given.graph) for node in g.node if node.output and node.output[0] and node.name
+    }
     for graph in _graphs(upgraded.graph):
         taken = {node.name for node in graph.node}
         for node in graph.node:
-            name = writers.get(node.output[0]) if not node.name and node.output else None
+            name = writers.get(node.output[0]) if not node.name and node.output and node.output[0] else None
             if name is not None and name not in taken:
                 node.name = name
                 taken.add(name)
