@@ -29,9 +29,12 @@ def check_target_opset(model: onnx.ModelProto, target: int | None) -> None:
         )
 
 
-def upgrade_opset(model: onnx.ModelProto, target: int) -> tuple[onnx.ModelProto, str | None]:
+def upgrade_opset(model: onnx.ModelProto, target: int, strict: bool = False) -> tuple[onnx.ModelProto, str | None]:
     """Return ``model`` at default-domain opset ``target`` (never lower), and a
-    note saying what changed (None if nothing did)."""
+    note saying what changed (None if nothing did). ``strict``: the upgraded
+    model must pass strict shape inference (the full check's), or the upgrade
+    is refused: a declared shape the input got wrong may pass at its opset
+    and not at the new one, and would fail the converted model's check."""
     current = model_opsets(model).get("", 0)
     if target <= current:
         return model, None
@@ -46,10 +49,26 @@ def upgrade_opset(model: onnx.ModelProto, target: int) -> tuple[onnx.ModelProto,
         _keep_old_resize(upgraded)
     _keep_names(prepared, upgraded)
     upgraded.ir_version = max(ir_version, min_ir_for_opset(target))
+    if strict:
+        _check_inference(upgraded, current, target)
     if model.functions and not upgraded.functions:  # (the version converter drops local functions)
         upgraded.functions.extend(model.functions)  # (each declares the opsets its body is read at)
         return upgraded, f"opset upgraded from {current} to {target} (local functions kept as they are, at their own opsets)"
     return upgraded, f"opset upgraded from {current} to {target}"
+
+
+def _check_inference(upgraded: onnx.ModelProto, current: int, target: int) -> None:
+    """Strict shape and type inference on the upgraded graph (its tensors'
+    data is not read: it may be external and not loaded)."""
+    try:
+        onnx.shape_inference.infer_shapes(upgraded, check_type=True, strict_mode=True)
+    except (onnx.shape_inference.InferenceError, ValueError, RuntimeError) as e:
+        detail = " ".join(str(e).split())[:400]
+        raise AmpError(
+            f"upgraded from opset {current} to {target}, the model fails ONNX shape inference ({detail}): the "
+            "input declares a shape or type that inference at that opset contradicts; repair or re-export the "
+            "model, or give a --target-opset it passes at"
+        ) from None
 
 
 # onnx's version converter changes what some ops compute; what it is given

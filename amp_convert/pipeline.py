@@ -167,7 +167,7 @@ def _convert(
     check_target_opset(work, options.target_opset)
     target = max(options.target_opset or 0, options.low.min_cast_opset if options.effective_level != "O0" else 0)
     given = work
-    work, note = upgrade_opset(work, target)
+    work, note = upgrade_opset(work, target, strict=check == "full")
     if note:
         notes.append(note + (f" ({options.low.name} Casts need it)" if target > (options.target_opset or 0) else ""))
         timer.lap("upgrade")

@@ -1553,3 +1553,24 @@ def test_a_shape_of_a_low_tensor_is_not_said_to_be_fed_only_by_constants():
     assert plan.by_name("tr").precision is Precision.LOW
     assert "inputs it reads in whatever float type they have" in plan.by_name("shp").reason
     assert [n.input[0] for n in out.graph.node if n.name == "shp"] == ["t"] and elem_types(out)["t"] == F16
+
+
+def test_an_upgrade_that_inference_at_the_new_opset_contradicts_is_refused_as_the_inputs_fault():
+    """The output is declared rank 2 while Reshape makes rank 3: inference
+    lets it pass at opset 12 and not at 22, so the converted model failed
+    its check, blaming the Cast the conversion put at the output (exit 3).
+    The upgraded model is checked first: refused, the input's shape named."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["a"], name="mm"),
+        helper.make_node("Shape", ["a"], ["s"], name="shape"),
+        helper.make_node("Gather", ["s", "zero"], ["s0"], name="g", axis=0),
+        helper.make_node("Unsqueeze", ["s0"], ["s0u"], name="u", axes=[0]),
+        helper.make_node("Concat", ["s0u", "c"], ["newshape"], name="cat", axis=0),
+        helper.make_node("Reshape", ["a", "newshape"], ["y"], name="rs"),
+    ]
+    inits = [init("W", w(4, 4)), init("c", np.array([2, 2], np.int64)), init("zero", np.array(0, np.int64))]
+    m = model(nodes, [value("x", shape=(1, 4))], [helper.make_tensor_value_info("y", F32, [1, "seq"])], inits, opset=12)
+    out, _ = convert(m, level="O2")  # (at its own opset it converts)
+    assert out.opset_import[0].version == 12
+    with pytest.raises(AmpError, match=r"upgraded from opset 12 to 22, the model fails ONNX shape inference .*node name: rs"):
+        convert(m, level="O2", target_opset=22)
