@@ -14,7 +14,8 @@ import onnx.version_converter
 from onnx import helper, numpy_helper
 
 from .errors import AmpError
-from .graph import NodeLabels, node_subgraphs
+from .graph import NameGenerator, NodeLabels, node_subgraphs
+from .safety import attribute_constant
 from .schema import is_default_domain, model_opsets
 
 
@@ -103,25 +104,17 @@ def _prepared(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelPr
         if current < 5:
             raise AmpError(f"cannot upgrade Hardmax from opset {current} to {target} faithfully: export at opset 5 or later")
         taken = {n for g in graphs for n in _names(g)}
+        names = NameGenerator(taken.__contains__)
         for graph in reversed(graphs):  # (bodies first: rewriting a graph copies its nodes, bodies and all)
-            _hardmax_over_2d(graph, taken)
+            _hardmax_over_2d(graph, names)
     return prepared
 
 
-def _hardmax_over_2d(graph: onnx.GraphProto, taken: set[str]) -> None:
+def _hardmax_over_2d(graph: onnx.GraphProto, new: NameGenerator) -> None:
     """Hardmax before opset 13 flattens its input to 2-D at ``axis``; from
     13 on it works along that one axis, and the converter keeps the axis.
     Written as Flatten, Hardmax over axis 1, and Reshape back, it computes
     the same at either opset."""
-
-    def new(base: str) -> str:
-        name, k = base, 0
-        while name in taken:
-            k += 1
-            name = f"{base}_{k}"
-        taken.add(name)
-        return name
-
     if not any(map(_is_hardmax, graph.node)):
         return
     nodes = []
@@ -210,10 +203,11 @@ def _graphs_with_constants(graph: onnx.GraphProto, outer: dict) -> Iterator[tupl
     constants = dict(outer)
     constants.update((t.name, t) for t in graph.initializer)
     for node in graph.node:
-        if node.op_type == "Constant" and is_default_domain(node.domain):
-            value = next((a.t for a in node.attribute if a.name == "value"), None)
-            if value is not None:
-                constants[node.output[0]] = value
+        found = (
+            attribute_constant(node, node.output[0]) if node.op_type == "Constant" and is_default_domain(node.domain) else None
+        )
+        if found is not None:
+            constants.update((found,))
     yield graph, constants
     for node in graph.node:
         for _, body in node_subgraphs(node):

@@ -427,11 +427,17 @@ class Rewriter:
         counted, added to ``ctx``'s initializers."""
         if self._fits_low(name, array):
             return None
+        copy = self._clipped(name, array)
+        ctx.graph.initializer.append(copy)
+        return copy.name
+
+    def _clipped(self, name: str, array: np.ndarray) -> onnx.TensorProto:
+        """Constant ``name``'s values in the low dtype, clipped to its range
+        (counted), as a tensor of a new name."""
         low = self.low.onnx_type
         copy = numpy_helper.from_array(to_low_array(array, self.low, name, self.stats), self.names(f"{name}_{_short(low)}"))
-        ctx.graph.initializer.append(copy)
         self.retyped[copy.name] = low
-        return copy.name
+        return copy
 
     def _lower_values(self, scope: str, names: list[str], tensors: list[onnx.TensorProto], batch: list) -> None:
         """Lower constants ``names`` (initializers, or Constant values by
@@ -631,13 +637,12 @@ class Rewriter:
             return self._low_copy(ctx, name, array)
         if self._fits_low(name, array):
             return None
-        low = self.low.onnx_type
-        copy = self.names(f"{name}_{_short(low)}")
-        value = numpy_helper.from_array(to_low_array(array, self.low, name, self.stats), copy)
-        fill = helper.make_node("ConstantOfShape", [node.input[0]], [copy], name=self.names(f"{copy}_fill"), value=value)
+        value = self._clipped(name, array)
+        fill = helper.make_node(
+            "ConstantOfShape", [node.input[0]], [value.name], name=self.names(f"{value.name}_fill"), value=value
+        )
         after.setdefault(i, []).append(fill.SerializeToString())
-        self.retyped[copy] = low
-        return copy
+        return value.name
 
     def _cast_node(self, source: str, target: str, to: int) -> bytes:
         self.retyped[target] = to

@@ -90,9 +90,7 @@ def session(model: onnx.ModelProto, provider: str, base_dir: str | os.PathLike |
         if not has_external(model) and payload_bytes(model) < PROTOBUF_LIMIT:
             return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
         with scratch_folder() as folder:
-            path = folder / "model.onnx"
-            write_with_external_data(_copy(model), path, "model.onnx.data", Path(base_dir) if base_dir else None)
-            return ort.InferenceSession(str(path), options, providers=providers)
+            return ort.InferenceSession(str(_written(model, folder, base_dir)), options, providers=providers)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AmpError(f"onnxruntime cannot load the model: {first}") from None
@@ -118,11 +116,7 @@ def load_refusal(model: onnx.ModelProto, provider: str) -> str | None:
     (1.31's NchwcTransformer on an fp16 Transpose feeding a MatMul)."""
     providers = [_CUDA, _CPU] if provider == "cuda" else [_CPU]
     with scratch_folder() as folder:
-        path = folder / "model.onnx"
-        if payload_bytes(model) < PROTOBUF_LIMIT:
-            path.write_bytes(model.SerializeToString())
-        else:  # (protobuf serializes no message over 2 GB)
-            write_with_external_data(_copy(model), path, "model.onnx.data", None)
+        path = _written(model, folder)
         child = subprocess.run(
             [sys.executable, "-c", _LOAD_IN_CHILD, str(path), ",".join(providers)], capture_output=True, text=True
         )
@@ -150,6 +144,18 @@ def version_refusal(opset: int, ir_version: int) -> str | None:
         found = re.search(r"Unsupported model IR version[^)]*|[^.]*support for domain ai\.onnx is till opset \d+", str(e))
         return found.group(0).strip() if found else str(e).removeprefix("onnxruntime cannot load the model: ")[:200]
     return None
+
+
+def _written(model: onnx.ModelProto, folder: Path, base_dir: str | os.PathLike | None = None) -> Path:
+    """``model`` written in ``folder`` for onnxruntime to read: as one file,
+    or with its tensors in a data file beside it where it has external data
+    (read from ``base_dir``) or is over 2 GB (protobuf serializes no more)."""
+    path = folder / "model.onnx"
+    if not has_external(model) and payload_bytes(model) < PROTOBUF_LIMIT:
+        path.write_bytes(model.SerializeToString())
+    else:
+        write_with_external_data(_copy(model), path, "model.onnx.data", Path(base_dir) if base_dir else None)
+    return path
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
