@@ -14,7 +14,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +23,7 @@ import click
 
 from . import __version__
 from .emulate import EMULATE_MODES
-from .errors import AmpError, ConversionError
+from .errors import AmpError, ConversionError, RunFailure
 from .external import PROTOBUF_LIMIT
 from .lists import LEVELS, PROFILES
 from .load import remember_inputs
@@ -569,7 +569,8 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         calibration = _calibration(reference, source, kw, folder) if calibrating else None
         searched = None
         if auto:
-            searched = _auto(reference, options, start, source, calibration, kw, folder)
+            with _run_failures(source):
+                searched = _auto(reference, options, start, source, calibration, kw, folder)
             result, validation = searched.conversion, searched.validation
             if validation is not None:  # (None: no trial passed, the fp32 model is written)
                 _check_loads(result.model, validation.provider, kw["check"])
@@ -590,11 +591,12 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
                 )
             if source is not None:
                 _check_loads(result.model, kw["provider"], kw["check"])
-            validation = (
-                _validate(reference, result.model, source, kw, result.plan, folder, calibration, options.dtype)
-                if source is not None
-                else None
-            )
+            with _run_failures(source):
+                validation = (
+                    _validate(reference, result.model, source, kw, result.plan, folder, calibration, options.dtype)
+                    if source is not None
+                    else None
+                )
             if calibration is not None:
                 calibration.session = None  # (its memory goes before the model is written)
     if kw["calibration"] and not calibrating:
@@ -740,6 +742,24 @@ def _only_list(values: tuple[str, ...]) -> tuple[str, ...] | None:
     return _split_ops(values) if values else None
 
 
+@contextlib.contextmanager
+def _run_failures(source, names: tuple[str, str] | None = None) -> Iterator[None]:
+    """A model onnxruntime could not run on the samples of ``source``,
+    named, with what to try where the samples may be to blame (exit 2).
+    ``names``: what to call the reference and the candidate (compare's
+    files); None in convert, whose candidate is the converted model: its
+    failure where the input model ran is the conversion's (exit 3)."""
+    try:
+        yield
+    except RunFailure as e:
+        reference, candidate = names or ("the input model", "the converted model")
+        if e.role == "reference":
+            raise AmpError(f"{reference} fails to run{source.failure_hint()}: {e.detail}") from None
+        if names is None:
+            raise ConversionError(f"{candidate} fails to run where the input model runs: {e.detail}") from None
+        raise AmpError(f"{candidate} fails to run where {reference} runs: {e.detail}") from None
+
+
 def _calibration(reference, source, kw: dict, folder: Path):
     """fp32 value ranges for the calibrated safety rule: from --calibration,
     else from the validation inputs (one streaming pass)."""
@@ -753,7 +773,8 @@ def _calibration(reference, source, kw: dict, folder: Path):
         return None
     from .calibrate import calibrate
 
-    calibration = calibrate(reference, source, kw["provider"], base_dir=folder, emulate=kw["emulate"])
+    with _run_failures(source):
+        calibration = calibrate(reference, source, kw["provider"], base_dir=folder, emulate=kw["emulate"])
     if kw["calibration"] and not calibration.samples:  # (the rule would be off without a word; validation's own check
         raise AmpError(f"no calibration samples in --calibration {', '.join(kw['calibration'])}")  # says it of --inputs)
     return calibration
@@ -808,7 +829,8 @@ def compare_command(reference: Path, candidate: Path, **kw: Any) -> None:
     remember_inputs(kw["inputs"])
     _check_outputs([reference, candidate], {"--report": kw["report"], "--html": kw["html"]})
     source = _input_source(ref_model, kw)
-    validation = _validate(ref_model, cand_model, source, kw, None)
+    with _run_failures(source, (str(reference), str(candidate))):
+        validation = _validate(ref_model, cand_model, source, kw, None)
     exit_code = EXIT_OK if validation.passed else EXIT_TOLERANCE
     report = build_report(
         command="compare",

@@ -14,3 +14,14 @@ class AmpError(ValueError):
 class ConversionError(Exception):
     """The converter produced something it cannot stand behind (a bug or an
     unsupported construct): reported as one line with exit code 3."""
+
+
+class RunFailure(AmpError):
+    """onnxruntime failed to run a model on a sample. ``role`` says which
+    model ("reference": the one compared against, "candidate": the one
+    judged): the command that knows what each is and where the samples
+    came from says so (see :func:`amp_convert.cli.convert_command`)."""
+
+    def __init__(self, detail: str, role: str) -> None:
+        super().__init__(f"onnxruntime failed to run the model: {detail}")
+        self.detail, self.role = detail, role

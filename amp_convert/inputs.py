@@ -79,6 +79,20 @@ class InputSource:
     seed: int = 0
     notes: list[str] = field(default_factory=list)
     flag: str = "--inputs"  # the option the files came from, for messages
+    dynamic: list[str] = field(default_factory=list)  # generated inputs whose dynamic dimensions were set to 1
+
+    def failure_hint(self) -> str:
+        """What to try when a model fails to run on these samples: files are
+        the user's own; generated ones follow what the options said, 1 for a
+        dimension they did not, values in a default range."""
+        if self.files:
+            return f" (on the samples of {self.flag})"
+        if self.dynamic:
+            return (
+                f" (on generated inputs: the dynamic dimensions of {', '.join(self.dynamic)} were set to 1; "
+                "give real shapes with --input-shape NAME=DIMS, or samples with --inputs)"
+            )
+        return " (on generated random inputs: give value ranges with --input-range NAME=LOW:HIGH, or samples with --inputs)"
 
     def describe(self) -> dict:
         if self.files:
@@ -296,6 +310,7 @@ def make_source(
         dynamic = [
             s.name for s in specs if s.name not in shape_map and any(not isinstance(d, int) and d not in named for d in s.shape)
         ]
+        source.dynamic = dynamic
         if dynamic:
             source.notes.append(f"dynamic dimensions of {', '.join(dynamic)} set to 1 (use --input-shape)")
     return source

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 
 from .dtypes import FLOAT_TYPES
 from .emulate import LOW_TYPES, decide_emulation, emulation_twin, low_inputs, low_io
-from .errors import AmpError
+from .errors import AmpError, RunFailure
 from .external import PROTOBUF_LIMIT, has_external, payload_bytes, write_with_external_data
 from .metrics import is_float
 from .save import scratch_folder
@@ -176,13 +176,15 @@ def expose(model: onnx.ModelProto, tensors: Iterable[tuple[str, int]]) -> onnx.M
     return exposed
 
 
-def run(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run(sess, feeds: dict[str, np.ndarray], role: str = "candidate") -> dict[str, np.ndarray]:
+    """Every output of session ``sess`` on ``feeds``; a failure is a
+    :class:`RunFailure` of the model in ``role``."""
     names = [o.name for o in sess.get_outputs()]
     try:
         values = sess.run(names, feeds)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise AmpError(f"onnxruntime failed to run the model: {first}") from None
+        raise RunFailure(first, role) from None
     return dict(zip(names, values, strict=True))
 
 
@@ -220,13 +222,14 @@ class Runnable:
     twin: onnx.ModelProto | None = None  # the emulation twin that runs, for another session of it
     aliases: dict[str, str] | None = None  # float32 copy -> bf16 tensor it stands for
     rounded: dict[str, np.dtype] | None = None  # the twin's inputs whose feeds it rounds (emulate.low_inputs)
+    role: str = "candidate"  # which model it is (see RunFailure)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feeds = conform(feeds, self.inputs)
         for name, low in (self.rounded or {}).items():
             if name in feeds:
                 feeds[name] = feeds[name].astype(low).astype(np.float32)
-        values = run(self.session, feeds)
+        values = run(self.session, feeds, self.role)
         for alias, name in (self.aliases or {}).items():
             values[name] = values.pop(alias)
         return values
@@ -288,7 +291,7 @@ def runnable(
         # (With tensors exposed the plan pays for itself in run time.)
         sess = session(exposed, provider, base_dir, plan_reuse=not (emulate and not tensors))
         rounded = low_inputs(model) if emulate else None
-        return Runnable(sess, emulate, note, input_dtypes(run_model), twin if emulate else None, aliases, rounded)
+        return Runnable(sess, emulate, note, input_dtypes(run_model), twin if emulate else None, aliases, rounded, role)
 
     try:
         return start(emulated)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -393,3 +394,57 @@ def test_no_arguments_print_the_help_as_it_reads(capsys):
     err = capsys.readouterr().err
     assert err.startswith("Usage: amp-convert") and "error:" not in err
     assert "\n  convert " in err and "amp-convert model.onnx --level O2 -o out.onnx\n" in err
+
+
+def _reshape_model(path: Path, dims: tuple, target: list[int]) -> Path:
+    """x (dims, maybe dynamic) -> MatMul -> Reshape to ``target``: runs only where x holds that many values."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    shape = numpy_helper.from_array(np.array(target, np.int64), "shape")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Reshape", ["h", "shape"], ["y"])]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 4])],
+        [w, shape],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path
+
+
+def test_input_model_failing_on_generated_inputs_says_which_dims_and_what_to_give(tmp_path, capsys):
+    """A dynamic dimension generated as 1 that the model cannot run with:
+    the fp32 model's failure is named as the input's, with the dimension
+    set and the options that fix it (exit 2, nothing written); given the
+    shape, the same command converts."""
+    path = _reshape_model(tmp_path / "m.onnx", ("n", 4), [2, 4, 4])
+    out = tmp_path / "o.onnx"
+    assert main([str(path), "-o", str(out), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "the input model fails to run (on generated inputs: the dynamic dimensions of x were set to 1" in err
+    assert "--input-shape" in err and "Reshape" in err
+    assert not out.exists()
+    assert main([str(path), "-o", str(out), "-q", "--input-shape", "x=8x4"]) == 0
+    assert out.exists()
+
+
+def test_input_model_failing_on_given_samples_names_them(tmp_path, capsys):
+    path = _reshape_model(tmp_path / "m.onnx", ("n", 4), [2, 4, 4])
+    samples = tmp_path / "s.npz"
+    np.savez(samples, x=np.ones((3, 4), np.float32))
+    assert main([str(path), "-o", str(tmp_path / "o.onnx"), "-q", "--inputs", str(samples)]) == 2
+    err = capsys.readouterr().err
+    assert "the input model fails to run (on the samples of --inputs)" in err and "--input-shape" not in err
+
+
+def test_compare_names_the_candidate_that_fails_where_the_reference_runs(tmp_path, capsys):
+    reference = _reshape_model(tmp_path / "ref.onnx", (8, 4), [2, 4, 4])
+    candidate = _reshape_model(tmp_path / "cand.onnx", (8, 4), [3, 4, 4])
+    assert main(["compare", str(reference), str(candidate), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert f"{candidate} fails to run where {reference} runs" in err
