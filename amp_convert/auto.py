@@ -30,7 +30,7 @@ from .graph import NodeLabels
 from .inputs import InputSource
 from .options import ConvertOptions
 from .pipeline import ConversionResult, convert
-from .plan import Plan, Precision
+from .plan import Plan, Precision, fp32_by_lists
 from .validate import ValidationConfig, ValidationResult, Validator
 
 
@@ -251,10 +251,19 @@ class AutoSearch:
         for level in ("O2", "O1"):
             if not self.budget_left:
                 return
-            _, validation = self.trial(f"fall back to {level}", level, tuple(kept))
+            result, validation = self.trial(f"fall back to {level}", level, tuple(kept))
             if validation.passed:  # (the nodes kept at O3 may pass low at this level: blamed for O3's error)
-                self.give_back(level, kept)
+                self.give_back(level, self.low_at(level, result.plan, kept))
                 return
+
+    def low_at(self, level: str, plan: Plan, kept: list[str]) -> list[str]:
+        """The nodes of ``kept`` that ``level`` would run low: the others (its
+        black list's) stay fp32 there whatever the search does, and giving
+        them back would spend a trial on the model it already has."""
+        lists = replace(self.options, level=level).op_lists()
+        wanted = set(kept)
+        ops = {e.name: (e.op_type, e.domain) for e in plan.entries.get("", []) if e.name in wanted}
+        return [n for n in kept if not fp32_by_lists(*ops[n], lists, level)]
 
     def from_level(self, level: str) -> None:
         result, validation = self.trial(f"{level} {self.rules}", level)

@@ -587,19 +587,7 @@ class Planner:
             return Precision.LOW, "auto-force-low", "auto search: runs low within tolerance", _FIXED
         if default_domain and op in SOURCE_OPS:
             return Precision.FP32, "source", "creates float data: takes the precision its consumers need", _SOURCE
-        lists = self.lists
-        if key in lists.black:
-            return Precision.FP32, "black-list", f"black list: {lists.black[key]}", _FIXED
-        if self.level == "O3":
-            return Precision.LOW, "level", "O3 runs everything low", _FIXED
-        if key in lists.white:
-            return Precision.LOW, "white-list", f"white list: {lists.white[key]}", _FIXED
-        if key in lists.follow or lists.unlisted_follow:
-            why = lists.follow.get(key, "unlisted: follows its inputs")
-            return Precision.FP32, "follow", f"follow: {why}", _FOLLOW
-        if self.level == "O1":
-            return Precision.FP32, "level", "O1: not on the white list", _FIXED
-        return Precision.LOW, "level", "O2: not on the black list", _FIXED
+        return list_rule(self.lists, self.level, key)
 
     def _forced(self, label: str) -> bool:
         return any(p.search(label) for p in self.force_patterns)
@@ -891,6 +879,35 @@ def _float_slots(ctx: GraphContext, i: int) -> tuple[tuple[int, ...], tuple[int,
     # A float32 tensor going into or coming out of a sequence keeps its type:
     # the sequence on the other side would change type unseen.
     return tuple(ins), tuple(outs), unknown or (sequence and bool(ins or outs))
+
+
+def list_rule(lists: OpLists, level: str, key: str) -> tuple:
+    """Rule 5, the level and the lists: (precision, rule, reason, state) for
+    an op (``key``: its name, ``domain::name`` outside the default domain)."""
+    if key in lists.black:
+        return Precision.FP32, "black-list", f"black list: {lists.black[key]}", _FIXED
+    if level == "O3":
+        return Precision.LOW, "level", "O3 runs everything low", _FIXED
+    if key in lists.white:
+        return Precision.LOW, "white-list", f"white list: {lists.white[key]}", _FIXED
+    if key in lists.follow or lists.unlisted_follow:
+        why = lists.follow.get(key, "unlisted: follows its inputs")
+        return Precision.FP32, "follow", f"follow: {why}", _FOLLOW
+    if level == "O1":
+        return Precision.FP32, "level", "O1: not on the white list", _FIXED
+    return Precision.LOW, "level", "O2: not on the black list", _FIXED
+
+
+def fp32_by_lists(op: str, domain: str, lists: OpLists, level: str) -> bool:
+    """Whether rule 5 keeps every node of this op fp32 at ``level``, whatever
+    data reaches it (the black list; at O1, an op on no list): the auto search,
+    falling back to ``level``, need not try such a node low again. (A source op
+    is decided by its consumers before the lists are read.)"""
+    default_domain = is_default_domain(domain)
+    if default_domain and op in SOURCE_OPS:
+        return False
+    precision, _, _, state = list_rule(lists, level, op if default_domain else op_key(op, domain))
+    return precision is Precision.FP32 and state == _FIXED
 
 
 def lowered_slots(

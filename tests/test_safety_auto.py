@@ -275,12 +275,10 @@ def test_auto_falls_back_to_fp32_and_says_so_when_no_trial_passes(tmp_path):
     assert any("no assignment met the tolerance" in n for n in searched.conversion.plan.notes)
 
 
-def test_auto_falling_back_to_o2_gives_back_the_nodes_it_kept_at_o3():
-    """The fp16 overflow is inside a Loop body, which the per-node diff does
-    not see: O3's error is blamed on a main-graph MatMul, kept fp32. O2
-    keeps the body's Exp fp32 and passes without it: the search, falling
-    back to O2, ends with no less low compute than plain O2 (it kept the
-    MatMul fp32 there too)."""
+def _loop_overflow(*between: onnx.NodeProto) -> onnx.ModelProto:
+    """x -> MatMul "first" -> a0 -> ``between`` (a0 -> a; none: a0 is a) ->
+    Loop -> MatMul "last" -> y. The Loop body's Exp overflows in fp16 (O2
+    keeps it fp32, O3 does not), where the per-node diff does not see it."""
     rng = np.random.default_rng(1)
     body = helper.make_graph(
         [
@@ -296,7 +294,8 @@ def test_auto_falling_back_to_o2_gives_back_the_nodes_it_kept_at_o3():
         [value("co", onnx.TensorProto.BOOL, ()), value("so", shape=(2, 8))],
     )
     nodes = [
-        helper.make_node("MatMul", ["x", "W"], ["a"], name="first"),
+        helper.make_node("MatMul", ["x", "W"], ["a0" if between else "a"], name="first"),
+        *between,
         helper.make_node("Loop", ["M", "", "a"], ["l"], name="loop", body=body),
         helper.make_node("MatMul", ["l", "W"], ["y"], name="last"),
     ]
@@ -306,13 +305,41 @@ def test_auto_falling_back_to_o2_gives_back_the_nodes_it_kept_at_o3():
         init("k", np.array(30.0, np.float32)),
         init("ax", np.array([1], np.int64)),
     ]
-    reference = model(nodes, [value("x", shape=(2, 8))], [value("y", shape=(2, 8))], inits, opset=13)
+    return model(nodes, [value("x", shape=(2, 8))], [value("y", shape=(2, 8))], inits, opset=13)
+
+
+def test_auto_falling_back_to_o2_gives_back_the_nodes_it_kept_at_o3():
+    """The fp16 overflow is inside a Loop body, which the per-node diff does
+    not see: O3's error is blamed on a main-graph MatMul, kept fp32. O2
+    keeps the body's Exp fp32 and passes without it: the search, falling
+    back to O2, ends with no less low compute than plain O2 (it kept the
+    MatMul fp32 there too)."""
+    reference = _loop_overflow()
     source = make_source(reference, samples=2, ranges=["x=-3:3"])
     searched = _auto("loop", reference, source)
     steps = [t.step for t in searched.trials]
     assert "fall back to O2" in steps and searched.validation is not None and searched.validation.passed
     o2 = next(t for t in searched.trials if t.step == "fall back to O2")
     assert o2.kept_fp32 and searched.low_compute > o2.low_compute
+    assert searched.conversion.plan.by_name("first").precision is Precision.LOW
+
+
+def test_auto_falling_back_to_o2_does_not_give_back_what_its_black_list_keeps_fp32():
+    """O3 blames a Softmax (and the nodes around it) for the Loop body's
+    overflow and keeps them fp32; O2 passes. The Softmax is on O2's black
+    list: giving it back there would convert the same model again. Every
+    trial after the fallback gives back compute that runs low."""
+    reference = _loop_overflow(
+        helper.make_node("Softmax", ["a0"], ["sm"], name="softmax", axis=-1),
+        helper.make_node("Mul", ["sm", "a0"], ["a"], name="mix"),
+    )
+    searched = _auto("loop", reference, make_source(reference, samples=2, ranges=["x=-3:3"]))
+    o2 = next(t for t in searched.trials if t.step == "fall back to O2")
+    assert o2.passed and "softmax" in o2.kept_fp32
+    after = searched.trials[o2.number :]
+    assert [t.step for t in after] == ["give back 1 node(s)"] * 2  # ("first" and "mix"; not the Softmax)
+    assert all(t.low_compute > o2.low_compute for t in after)
+    assert searched.conversion.plan.by_name("softmax").rule == "black-list"
     assert searched.conversion.plan.by_name("first").precision is Precision.LOW
 
 
