@@ -16,6 +16,7 @@ import time
 import traceback
 from collections.abc import Iterable, Iterator
 from functools import partial
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -564,9 +565,12 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         calibrating = auto or options.safety_on  # (the calibrated rule is on: its samples are read)
         _check_unused(reference, kw, validating=kw["validate"], calibrating=calibrating and bool(kw["calibration"]))
         source = _input_source(reference, kw) if kw["validate"] else None
+        calibration_source, samples = (
+            _calibration_samples(reference, kw) if calibrating and kw["calibration"] else (source, source)
+        )
         if source is not None and options.target_opset is not None:
             _check_target_runs(reference, options.target_opset)
-        calibration = _calibration(reference, source, kw, folder) if calibrating else None
+        calibration = _calibration(reference, samples, calibration_source, kw, folder) if calibrating else None
         searched = None
         if auto:
             with _run_failures(source):
@@ -760,24 +764,33 @@ def _run_failures(source, names: tuple[str, str] | None = None) -> Iterator[None
         raise AmpError(f"{candidate} fails to run where {reference} runs: {e.detail}") from None
 
 
-def _calibration(reference, source, kw: dict, folder: Path):
-    """fp32 value ranges for the calibrated safety rule: from --calibration,
-    else from the validation inputs (one streaming pass)."""
-    if kw["calibration"]:
-        from .inputs import make_source
+def _calibration_samples(reference, kw: dict) -> tuple[Any, Iterator[dict]]:
+    """--calibration's source and its samples, the first one read (and
+    checked against the model) now: files that hold none are refused before
+    any onnxruntime session is built or anything converted (else the
+    calibrated rule would be off without a word; validation's own check
+    says it of --inputs)."""
+    from .inputs import make_source
 
-        source = make_source(
-            reference, kw["calibration"], kw["input_shape"], kw["input_range"], kw["samples"], kw["seed"], flag="--calibration"
-        )
-    if source is None:
+    given = make_source(
+        reference, kw["calibration"], kw["input_shape"], kw["input_range"], kw["samples"], kw["seed"], flag="--calibration"
+    )
+    samples = iter(given)
+    first = next(samples, None)
+    if first is None:
+        raise AmpError(f"no calibration samples in --calibration {', '.join(kw['calibration'])}")
+    return given, chain([first], samples)
+
+
+def _calibration(reference, samples, source, kw: dict, folder: Path):
+    """fp32 value ranges for the calibrated safety rule (one streaming pass
+    over ``samples``, from ``source``: --calibration's, else the validation inputs)."""
+    if samples is None:
         return None
     from .calibrate import calibrate
 
     with _run_failures(source):
-        calibration = calibrate(reference, source, kw["provider"], base_dir=folder, emulate=kw["emulate"])
-    if kw["calibration"] and not calibration.samples:  # (the rule would be off without a word; validation's own check
-        raise AmpError(f"no calibration samples in --calibration {', '.join(kw['calibration'])}")  # says it of --inputs)
-    return calibration
+        return calibrate(reference, samples, kw["provider"], base_dir=folder, emulate=kw["emulate"])
 
 
 def _check_unused(reference, kw: dict, validating: bool, calibrating: bool) -> None:

@@ -1099,6 +1099,32 @@ def test_bad_validation_input_file_exits_2(tmp_path, lstm, case):
     assert_refused(proc, fragment.format(tmp=tmp_path), before, tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("name", "data", "fragment"),
+    [
+        ("in.json", b"[]", "no calibration samples in --calibration {tmp}/in.json"),
+        ("in.npz", None, "--calibration {tmp}/in.npz: missing input 'x'"),  # (np.savez with no arrays)
+    ],
+)
+@pytest.mark.parametrize("validate", ["--validate", "--no-validate"])
+def test_calibration_without_a_sample_is_refused_before_any_session(tmp_path, name, data, fragment, validate):
+    """The model has an op onnxruntime does not know: a session of it fails.
+    --calibration files holding no sample (or a first sample without the
+    model's input) are refused before the calibration session is built, not
+    after (the message is theirs, not onnxruntime's)."""
+    custom = helper.make_node("Frobnicate", ["r"], ["y"], domain="example.custom")
+    m = _model([helper.make_node("Relu", ["x"], ["r"]), custom])
+    m.opset_import.append(helper.make_opsetid("example.custom", 1))
+    path = _save(tmp_path, m)
+    if data is None:
+        np.savez(tmp_path / name)
+    else:
+        _write(tmp_path, data, name)
+    before = snapshot(tmp_path)
+    proc = cli(path, "-o", tmp_path / "out.onnx", validate, "--calibration", tmp_path / name)
+    assert_refused(proc, fragment.format(tmp=tmp_path), before, tmp_path)
+
+
 UNREAD_SAMPLE_OPTIONS = {
     "calibration-missing-at-o3": (["--level", "O3", "--calibration", "{tmp}/no.npz"], "--calibration {tmp}/no.npz: no such file"),
     "calibration-missing-without-safety": (
