@@ -22,6 +22,7 @@ from .ahead import RESULTS as AHEAD_RESULTS
 from .ahead import fitting_facts
 from .check import CHECK_MODES, check_converted
 from .cleanup import cast_triples, clean_up, count_casts, indexed_casts
+from .dtypes import FLOAT
 from .errors import ConversionError
 from .external import has_external, is_external
 from .graph import GraphContext, NameGenerator, build_context, name_in_use, names_repeat_across_graphs
@@ -165,7 +166,7 @@ def _convert(
     timer.lap("load")
     notes = []
     check_target_opset(work, options.target_opset)
-    target = max(options.target_opset or 0, options.low.min_cast_opset if options.effective_level != "O0" else 0)
+    target = max(options.target_opset or 0, _cast_opset(work, options))
     given = work
     work, note = upgrade_opset(work, target, strict=check == "full")
     if note:
@@ -179,7 +180,7 @@ def _convert(
     input_casts = indexed_casts(ctx)
     casts_before = len(input_casts) if work is given else count_casts(given)
     timer.lap("index")
-    infer_types(ctx, model_opsets(work), assume_float=frozenset(k for k in options.op_lists().white if "::" in k))
+    infer_types(ctx, model_opsets(work), assume_float=_assumed_float(options))
     timer.lap("types")
     if calibration is None and options.safety_on:
         notes.append("calibrated range rule inactive: no reference data")
@@ -230,6 +231,24 @@ def _convert(
     timer.lap("check")
     result.timings = timer.timings
     return result
+
+
+def _assumed_float(options: ConvertOptions) -> frozenset[str]:
+    """The custom-domain ops on the white list: listed, they compute in float (see :func:`infer_types`)."""
+    return frozenset(k for k in options.op_lists().white if "::" in k)
+
+
+def _cast_opset(model: onnx.ModelProto, options: ConvertOptions) -> int:
+    """The default-domain opset the low dtype's Casts need (bf16: 13), where
+    the model is below it and the conversion may insert one; else 0. A model
+    without a float32 tensor (integer-only) has nothing to convert, and
+    keeps its opset: its types are inferred at that opset to know."""
+    needed = options.low.min_cast_opset
+    if options.effective_level == "O0" or model_opsets(model).get("", 0) >= needed:
+        return 0
+    ctx = build_context(model.graph)
+    infer_types(ctx, model_opsets(model), assume_float=_assumed_float(options))
+    return needed if any(FLOAT in c.types.values() for c in ctx.walk()) else 0
 
 
 def _mark_removed_casts(plan: Plan, ctx: GraphContext) -> None:

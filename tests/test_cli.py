@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from onnx import helper, numpy_helper
 
 from amp_convert import convert
 from amp_convert.cli import main
@@ -174,6 +175,38 @@ def _planned(resnet: Path, tmp_path: Path, *flags: str) -> dict[str, dict]:
 
 def _precisions(plan: dict, op: str) -> set[str]:
     return {n["precision"] for name, n in plan.items() if name and n["op_type"] == op}
+
+
+def _integer_model(float_path: bool) -> onnx.ModelProto:
+    """int64 x -> Add, Mul -> y at opset 11 (IR 6); ``float_path``: the sum goes through float32 and back."""
+    nodes = [helper.make_node("Add", ["x", "b"], ["s"], name="add")]
+    if float_path:
+        nodes += [
+            helper.make_node("Cast", ["s"], ["f"], name="to_float", to=onnx.TensorProto.FLOAT),
+            helper.make_node("Relu", ["f"], ["r"], name="relu"),
+            helper.make_node("Cast", ["r"], ["s2"], name="to_int", to=onnx.TensorProto.INT64),
+        ]
+    nodes.append(helper.make_node("Mul", ["s2" if float_path else "s", "b"], ["y"], name="mul"))
+    io = [helper.make_tensor_value_info(n, onnx.TensorProto.INT64, [2, 4]) for n in ("x", "y")]
+    b = numpy_helper.from_array(np.arange(8, dtype=np.int64).reshape(2, 4), "b")
+    m = helper.make_model(helper.make_graph(nodes, "g", io[:1], io[1:], [b]), opset_imports=[helper.make_opsetid("", 11)])
+    m.ir_version = 6
+    return m
+
+
+@pytest.mark.parametrize("validate", ["--validate", "--no-validate"])
+@pytest.mark.parametrize("float_path", [False, True])
+def test_bf16_upgrades_the_opset_only_where_there_is_float32_to_convert(tmp_path, validate, float_path):
+    """bf16 Casts need opset 13: a model below it is upgraded, unless it has
+    no float32 tensor at all (nothing is converted: it keeps its opset and
+    IR version)."""
+    source, out, plan = tmp_path / "int.onnx", tmp_path / "out.onnx", tmp_path / "plan.json"
+    onnx.save(_integer_model(float_path), str(source))
+    proc = cli(str(source), "--dtype", "bf16", "--level", "O3", validate, "-o", str(out), "--plan-json", str(plan))
+    assert proc.returncode == 0, proc.stderr
+    written = onnx.load(str(out))
+    upgraded = any(n.startswith("opset upgraded from 11 to 13") for n in json.loads(plan.read_text())["notes"])
+    assert (written.opset_import[0].version, written.ir_version, upgraded) == ((13, 7, True) if float_path else (11, 6, False))
 
 
 def test_list_and_rule_flags_reach_the_plan(resnet, tmp_path):
