@@ -939,12 +939,41 @@ def lowered_slots(
         type_str = sig.output_type(slot) or ""
         if not sig.admits(type_str, low.onnx_type):
             reason = f"schema of {op_type} (opset {sig.since_version}) does not admit {low.name} for output {slot}"
-            newer = first_opset_admitting(op_type, domain, opset, low.onnx_type)
-            return reason + (f"; it does from opset {newer} (--target-opset {newer})" if newer else "")
+            return reason + _opset_hint(op_type, domain, opset, low)
     low_inputs = tuple(s for s in float_ins if sig.admits(sig.input_type(s) or "", low.onnx_type))
     if not low_inputs and not float_outs:
-        return f"schema of {op_type} (opset {sig.since_version}) admits no {low.name} input or output"
+        reason = f"schema of {op_type} (opset {sig.since_version}) admits no {low.name} input or output"
+        return reason + _opset_hint(op_type, domain, opset, low)
     return low_inputs, float_outs
+
+
+def admitting_opset(op_type: str, domain: str, opset: int, low: LowDtype) -> tuple[int, bool] | None:
+    """The first opset after ``opset`` whose schema of the op admits ``low``,
+    and whether onnxruntime loads a model at it (None: no such opset)."""
+    newer = first_opset_admitting(op_type, domain, opset, low.onnx_type)
+    if newer is None:
+        return None
+    from .runner import loads_opset  # (asks onnxruntime: loaded where it is used)
+
+    return newer, loads_opset(newer)
+
+
+def _opset_hint(op_type: str, domain: str, opset: int, low: LowDtype) -> str:
+    """For a schema's refusal: the opset that admits ``low``, with the
+    --target-opset that gets it only where onnxruntime loads that opset (past
+    it, the refusal would move from the schema to the runtime)."""
+    found = admitting_opset(op_type, domain, opset, low)
+    if found is None:
+        return ""
+    newer, loads = found
+    if loads:
+        return f"; it does from opset {newer} (--target-opset {newer})"
+    import onnxruntime
+
+    from .runner import newest_loaded_opset
+
+    newest = newest_loaded_opset(newer)
+    return f"; it does from opset {newer}, which onnxruntime {onnxruntime.__version__} does not load (it loads up to {newest})"
 
 
 def make_plan(

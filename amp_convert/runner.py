@@ -9,7 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +21,7 @@ from .emulate import LOW_TYPES, decide_emulation, emulation_twin, low_inputs, lo
 from .errors import AmpError, RunFailure
 from .external import PROTOBUF_LIMIT, has_external, payload_bytes, write_with_external_data
 from .metrics import is_float
+from .opset import min_ir_for_opset
 from .save import scratch_folder
 
 PROVIDERS = ("auto", "cuda", "cpu")
@@ -144,6 +145,18 @@ def version_refusal(opset: int, ir_version: int) -> str | None:
         found = re.search(r"Unsupported model IR version[^)]*|[^.]*support for domain ai\.onnx is till opset \d+", str(e))
         return found.group(0).strip() if found else str(e).removeprefix("onnxruntime cannot load the model: ")[:200]
     return None
+
+
+@cache
+def loads_opset(opset: int) -> bool:
+    """Whether onnxruntime loads a model at this default-domain opset, at the
+    oldest IR version onnx pairs with it (see :func:`version_refusal`)."""
+    return version_refusal(opset, min_ir_for_opset(opset)) is None
+
+
+def newest_loaded_opset(below: int) -> int:
+    """The newest default-domain opset below ``below`` that onnxruntime loads (0: none)."""
+    return next((opset for opset in range(below - 1, 0, -1) if loads_opset(opset)), 0)
 
 
 def _written(model: onnx.ModelProto, folder: Path, base_dir: str | os.PathLike | None = None) -> Path:

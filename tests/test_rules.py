@@ -8,8 +8,11 @@ for fp16, runs in onnxruntime.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from helpers import (
     BF16,
@@ -234,6 +237,37 @@ def test_bf16_follows_the_schema_at_the_models_opset():
     out22, plan22 = convert(conv(22), level="O1", dtype="bf16")
     assert plan22.by_name("conv").precision is Precision.LOW
     assert init_type(out22, "W") == BF16
+
+
+def _onnxruntime_loads(opset: int) -> bool:
+    """Asked of onnxruntime itself: a one-node model at ``opset`` and the oldest IR version that pairs with it."""
+    ids = [helper.make_opsetid("", opset)]
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [value("x")], [value("y")])
+    probe = helper.make_model(graph, opset_imports=ids, ir_version=helper.find_min_ir_version_for(ids))
+    try:
+        ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception:  # (onnxruntime raises its own exception types)
+        return False
+    return True
+
+
+def test_a_schema_hint_names_no_target_opset_onnxruntime_cannot_load():
+    """A float Range admits float16 only from an opset newer than onnxruntime
+    loads (27, against 1.31's 26): the reason says so, and suggests no
+    --target-opset that would only move the refusal to the runtime."""
+    nodes = [
+        helper.make_node("Range", ["start", "limit", "delta"], ["r"], name="range"),
+        helper.make_node("Add", ["x", "r"], ["y"], name="add"),
+    ]
+    inits = [init("start", np.float32(0)), init("limit", np.float32(4)), init("delta", np.float32(1))]
+    m = model(nodes, [value("x", shape=(4,))], [value("y", shape=(4,))], inits)
+    _, plan = convert(m, level="O3")
+    reason = plan.by_name("range").reason
+    newer = int(re.search(r"it does from opset (\d+)", reason).group(1))
+    if _onnxruntime_loads(newer):
+        pytest.skip(f"onnxruntime {ort.__version__} loads opset {newer}: the hint may name it")
+    assert f"which onnxruntime {ort.__version__} does not load" in reason
+    assert "--target-opset" not in reason and not [n for n in plan.notes if "--target-opset" in n]
 
 
 def test_integer_computation_is_untouched():
