@@ -378,12 +378,27 @@ class Planner:
         self._follows: dict[int, bool] = {}  # kind number -> whether its nodes follow their inputs
         self._float_slots: list = []
         self._rows: list[tuple] = []  # the decisions reused by kind (see GraphEntries)
+        # op -> the opset (one onnxruntime loads) from which its schema admits the low dtype, for ops it kept fp32
+        self._admitted_later: dict[str, int] = {}
 
     # ---------------------------------------------------------------- driver
 
     def run(self, ctx: GraphContext) -> Plan:
         self._plan_graph(ctx)
+        if self._admitted_later:
+            self.plan.notes.append(self._upgrade_note())
         return self.plan
+
+    def _upgrade_note(self) -> str:
+        """The ops the schemas kept fp32 that a newer opset would let run low,
+        said once for the whole plan: a bf16 model below opset 22 keeps its
+        Convs (and the Casts around them) fp32, which the per-node reasons say
+        one by one and a summary of how little runs low does not say at all."""
+        later = self._admitted_later
+        return (
+            f"{', '.join(sorted(later))} stay fp32: the schemas at opset {self.opsets.get('', 0)} admit no "
+            f"{self.low.name} for them; --target-opset {max(later.values())} upgrades the model to one whose schemas do"
+        )
 
     def _plan_graph(self, ctx: GraphContext) -> None:
         names = ctx.node_names()
@@ -603,6 +618,8 @@ class Planner:
             node = ctx.nodes[i]
             opset = self.opsets.get("" if is_default_domain(node.domain) else node.domain, 0)
             slots = self._slot_cache[key] = lowered_slots(node.op_type, node.domain, float_ins, float_outs, sig, self.low, opset)
+            if isinstance(slots, str):
+                self._remember_admitting(node.op_type, node.domain, opset)
         if isinstance(slots, str):
             entry.precision, entry.rule = Precision.FP32, "schema"
             entry.reason = f"{slots} (wanted low: {entry.reason})"
@@ -623,6 +640,13 @@ class Planner:
         entry.precision = Precision.LOW
         entry.low_inputs, entry.low_outputs = low_inputs, low_outputs
         return entry
+
+    def _remember_admitting(self, op_type: str, domain: str, opset: int) -> None:
+        """For the plan's note: the opset whose schema would admit the low dtype
+        for an op the schema keeps fp32, where onnxruntime loads that opset."""
+        found = admitting_opset(op_type, domain, opset, self.low)  # (as lowered_slots found it: cached)
+        if found is not None and found[1]:
+            self._admitted_later[op_key(op_type, domain)] = found[0]
 
     def _safety_problem(self, ctx: GraphContext, i: int, low_inputs: tuple[int, ...]) -> tuple[str, str] | None:
         """(rule, why) when a safety rule keeps node ``i`` fp32, reading ``low_inputs`` low."""

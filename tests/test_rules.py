@@ -237,6 +237,11 @@ def test_bf16_follows_the_schema_at_the_models_opset():
     out22, plan22 = convert(conv(22), level="O1", dtype="bf16")
     assert plan22.by_name("conv").precision is Precision.LOW
     assert init_type(out22, "W") == BF16
+    # The plan says once why the Convs stay fp32, and what would let them run low.
+    upgrade = "Conv stay fp32: the schemas at opset 17 admit no bfloat16 for them; --target-opset 22 upgrades"
+    hints = [n for n in plan17.notes if "--target-opset" in n]
+    assert len(hints) == 1 and hints[0].startswith(upgrade)
+    assert not [n for n in plan22.notes if "--target-opset" in n]
 
 
 def _onnxruntime_loads(opset: int) -> bool:

@@ -20,6 +20,7 @@ from amp_convert.auto import auto_convert
 from amp_convert.calibrate import calibrate
 from amp_convert.dtypes import BF16, FP16
 from amp_convert.inputs import make_source
+from amp_convert.opset import upgrade_opset
 from amp_convert.rewrite import RewriteStats, lower_small_tensors, lower_tensor
 from amp_convert.safety import ConstantRanges, chunked_facts, segment_counts, value_stats
 from amp_convert.validate import ValidationConfig
@@ -365,6 +366,30 @@ def test_auto_cli_reports_trials(hostile_dir, tmp_path):
     assert data["auto"]["kept_fp32"]["exp"].startswith("safety")
     assert "trial 1:" in proc.stderr and "of compute low" in proc.stdout
     assert cli(str(hostile_dir / "exp_pow_large.onnx"), "--level", "auto", "--no-validate").returncode == 2
+
+
+@pytest.mark.parametrize("opset", [17, 22])
+def test_auto_bf16_below_opset_22_says_the_upgrade_that_would_run_the_convs_low(tmp_path, opset):
+    """Below opset 22 no Conv, MaxPool or GlobalAveragePool schema admits
+    bfloat16: auto's best keeps them fp32, a few percent of the compute low,
+    and the plan's notes name --target-opset 22. At 22 they run low, and
+    there is no such note."""
+    reference = onnx.load(ZOO["resnet50"]["path"])
+    source = tmp_path / "resnet.onnx"
+    onnx.save(upgrade_opset(reference, opset)[0], str(source))
+    report = tmp_path / "auto.json"
+    proc = cli(str(source), "--level", "auto", "--dtype", "bf16", "-o", str(tmp_path / "a.onnx"), "--report", str(report))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(report.read_text())
+    hints = [n for n in data["plan"]["notes"] if "--target-opset" in n]
+    if opset < 22:
+        assert data["auto"]["low_compute"] < 0.1
+        assert hints == [
+            "Conv, GlobalAveragePool, MaxPool stay fp32: the schemas at opset 17 admit no bfloat16 for them; "
+            "--target-opset 22 upgrades the model to one whose schemas do"
+        ]
+    else:
+        assert data["auto"]["low_compute"] > 0.9 and hints == []
 
 
 def test_auto_cli_writes_the_fp32_model_and_reports_it_when_no_trial_passes(tmp_path):
