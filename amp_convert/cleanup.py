@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections import ChainMap
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 
 import onnx
 from onnx import TensorProto
@@ -34,6 +35,18 @@ class PassResult:
     model: onnx.ModelProto
     modified: bool
     count: int = 0  # what the pass removed or changed
+    # The nodes it removed, in any graph: the very objects the graphs held
+    # (the nodes it keeps stay those objects too), so an index of the model
+    # made before the pass finds them by identity, whichever body they were in.
+    removed: list[onnx.NodeProto] = field(default_factory=list)
+
+
+@dataclass
+class CleanUp:
+    """What the clean-up passes did: a count per pass, and the nodes removed."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    removed: list[onnx.NodeProto] = field(default_factory=list)
 
 
 def _index(model: onnx.ModelProto, opsets: dict[str, int]) -> GraphContext:
@@ -80,16 +93,18 @@ class RemoveRedundantCasts:
             return PassResult(model, False)
         _apply_renames(model.graph, renames, {})
         candidates |= renamed
-        removed = step = _remove_unused_casts(model.graph, candidates, set())
+        removed: list[onnx.NodeProto] = []
+        step = _remove_unused_casts(model.graph, candidates, set(), removed)
         while step:  # a removed Cast may have been the last reader of the Cast before it
-            step = _remove_unused_casts(model.graph, candidates, set())
-            removed += step
-        return PassResult(model, True, removed)
+            step = _remove_unused_casts(model.graph, candidates, set(), removed)
+        return PassResult(model, True, len(removed), removed)
 
 
-def indexed_casts(root: GraphContext) -> list[onnx.NodeProto]:
-    """The ONNX Cast nodes of the indexed graphs, as :func:`count_casts` counts them."""
-    return [c.nodes[i] for c in root.walk() for i, op in enumerate(c.ops) if op == "Cast" and is_default_domain(c.domains[i])]
+def indexed_casts(root: GraphContext) -> list[tuple[GraphContext, int]]:
+    """Where the ONNX Cast nodes of the indexed graphs are (graph, node
+    index), as :func:`count_casts` counts them: what the plan says of them
+    is found from there."""
+    return [(c, i) for c in root.walk() for i, op in enumerate(c.ops) if op == "Cast" and is_default_domain(c.domains[i])]
 
 
 def cast_triples(casts: Iterable[onnx.NodeProto]) -> list[tuple[str, str, int]]:
@@ -190,18 +205,44 @@ def _used_names(graph: onnx.GraphProto, into: set[str]) -> set[str]:
     return into
 
 
-def _remove_unused_casts(graph: onnx.GraphProto, candidates: set[str], outer_used: set[str]) -> int:
+def _remove_unused_casts(
+    graph: onnx.GraphProto, candidates: set[str], outer_used: set[str], removed: list[onnx.NodeProto]
+) -> int:
+    """Delete the Casts of ``candidates`` that nothing reads, here and in the
+    bodies within; append them to ``removed`` and return how many."""
     used = _used_names(graph, set(outer_used))
-    removed = 0
+    count = 0
     for node in graph.node:
         for sub in _bodies(node):
-            removed += _remove_unused_casts(sub, candidates, used)
-    keep = [n for n in graph.node if not (n.op_type == "Cast" and n.output[0] in candidates and n.output[0] not in used)]
-    if len(keep) != len(graph.node):
-        removed += len(graph.node) - len(keep)
-        graph.ClearField("node")
-        graph.node.extend(keep)
-    return removed
+            count += _remove_unused_casts(sub, candidates, used, removed)
+    doomed = [
+        k for k, n in enumerate(graph.node) if n.op_type == "Cast" and n.output[0] in candidates and n.output[0] not in used
+    ]
+    if doomed:
+        removed.extend(map(graph.node.__getitem__, doomed))
+        _delete_nodes(graph, doomed)
+    return count + len(doomed)
+
+
+# Up to this many nodes are deleted one by one (each delete shifts the list);
+# more are sorted to the end and deleted at once.
+_DELETE_AT_MOST = 256
+
+
+def _delete_nodes(graph: onnx.GraphProto, positions: list[int]) -> None:
+    """Delete the nodes at ``positions`` (ascending) in place: the others
+    keep their order and stay the objects they were (writing the list anew
+    would copy every node, and leave indexes of the model pointing at the
+    old ones)."""
+    container = graph.node
+    if len(positions) <= _DELETE_AT_MOST:
+        for k in reversed(positions):
+            del container[k]
+        return
+    gone = set(positions)
+    # (the container asks each node's key once, in list order: see rewrite._place)
+    container.sort(key=partial(next, iter([k in gone for k in range(len(container))])))
+    del container[len(container) - len(positions) :]
 
 
 def _count_casts(graph: onnx.GraphProto) -> int:
@@ -222,10 +263,13 @@ def count_casts(model: onnx.ModelProto) -> int:
 
 def clean_up(
     model: onnx.ModelProto, types: Mapping[str, int] | None = None, casts: Iterable[tuple[str, str, int]] | None = None
-) -> dict[str, int]:
-    """Run the clean-up passes; returns what each one did. (``types`` and
-    ``casts``: see :class:`RemoveRedundantCasts`.)"""
-    done = {}
+) -> CleanUp:
+    """Run the clean-up passes; returns what each one did, and the nodes they
+    removed (for the plan to say so). (``types`` and ``casts``: see
+    :class:`RemoveRedundantCasts`.)"""
+    done = CleanUp()
     for p in (RemoveRedundantCasts(types, casts),):
-        done[type(p).__name__] = p(model).count
+        result = p(model)
+        done.counts[type(p).__name__] = result.count
+        done.removed += result.removed
     return done

@@ -32,7 +32,7 @@ from .options import ConvertOptions
 from .plan import Plan, make_plan
 from .rewrite import Rewriter, RewriteStats, declare_initializers
 from .safety import ConstantRanges
-from .schema import is_default_domain, model_opsets
+from .schema import model_opsets
 from .typeinfo import infer_types
 
 if TYPE_CHECKING:  # (calibration runs onnxruntime: its module is loaded where it is used)
@@ -200,7 +200,7 @@ def _convert(
         if keep is not None:
             keep.append(rewriter)
         if names_repeat_across_graphs(ctx):  # (the clean-up indexes the model again, and looks names up by scope)
-            result.cleanup = clean_up(work)
+            cleaned = clean_up(work)
         else:
             # One type table for the clean-up: the main graph's own (the index is done with), the subgraphs', the rewrite's.
             types = ctx.types
@@ -209,11 +209,12 @@ def _convert(
                     types.update(c.types)
             types.update(rewriter.retyped)
             # (the input's Casts read after the rewrite: it may retarget or rename them)
-            result.cleanup = clean_up(work, types, cast_triples(input_casts) + rewriter.new_casts)
+            cleaned = clean_up(work, types, cast_triples(c.nodes[i] for c, i in input_casts) + rewriter.new_casts)
+        result.cleanup = cleaned.counts
         # (the clean-up removes only Casts, and counts them)
         result.casts_after += result.stats.casts_inserted - sum(result.cleanup.values())
-        if sum(result.cleanup.values()):
-            _mark_removed_casts(plan, ctx)
+        if cleaned.removed:
+            _mark_removed_casts(plan, input_casts, cleaned.removed)
         if work.ir_version < 4:
             declare_initializers(ctx)
         timer.lap("cleanup")
@@ -251,17 +252,15 @@ def _cast_opset(model: onnx.ModelProto, options: ConvertOptions) -> int:
     return needed if any(FLOAT in c.types.values() for c in ctx.walk()) else 0
 
 
-def _mark_removed_casts(plan: Plan, ctx: GraphContext) -> None:
-    """The plan's entries of the main graph's Casts that the clean-up
-    removed (they changed nothing) say so: the written model has no such
-    node. A Cast is gone when no Cast writes its output any more (the
-    clean-up renames a removed Cast's readers; it keeps the Casts that write
-    graph outputs, whose names stay)."""
-    written = {node.output[0] for node in ctx.graph.node if node.op_type == "Cast" and node.output}
-    for i, op in enumerate(ctx.ops):
-        if op == "Cast" and is_default_domain(ctx.domains[i]) and ctx.outs[i] and ctx.outs[i][0] not in written:
-            entry = plan.entries[""][i]
-            entry.reason += "; removed by the clean-up: it changed nothing"
+def _mark_removed_casts(plan: Plan, input_casts: list[tuple[GraphContext, int]], removed: list[onnx.NodeProto]) -> None:
+    """The plan's entries of the input's Casts that the clean-up removed
+    (they changed nothing), in any graph, say so: the written model has no
+    such node. The clean-up names the nodes themselves, which the index
+    holds (the Casts the rewrite added have no entry)."""
+    gone = set(map(id, removed))
+    for c, i in input_casts:
+        if id(c.nodes[i]) in gone:
+            plan.entries[c.path][i].reason += "; removed by the clean-up: it changed nothing"
 
 
 def _tuples(values: dict) -> dict:

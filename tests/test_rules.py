@@ -35,6 +35,7 @@ from onnx import helper
 from amp_convert import ConvertOptions, Precision, convert
 from amp_convert.cleanup import count_casts
 from amp_convert.errors import AmpError
+from models.zoo_inputs import iter_nodes
 
 RNG = np.random.default_rng(0)
 
@@ -1575,6 +1576,121 @@ def test_the_plan_says_which_casts_of_the_input_the_clean_up_removed():
     assert {n.name for n in out.graph.node} >= {"lookup", "mm", "kept"} and "noop" not in {n.name for n in out.graph.node}
     assert plan.by_name("noop").reason.endswith("removed by the clean-up: it changed nothing")
     assert "removed" not in plan.by_name("kept").reason and "removed" not in plan.by_name("mm").reason
+
+
+REMOVED = "removed by the clean-up: it changed nothing"
+
+
+def bodies_model() -> onnx.ModelProto:
+    """An If, a Loop and a Scan whose bodies each hold a Cast of the outer
+    int64 ``ids`` to int64 (``*_noop``); the then branch also holds an
+    exact round trip of the outer fp16 ``xh`` (``up``, ``down``: ``down``
+    goes first, then ``up``, which only ``down`` read)."""
+
+    def gather(prefix: str, out: str) -> list[onnx.NodeProto]:
+        return [
+            helper.make_node("Cast", ["ids"], [f"{prefix}_same"], name=f"{prefix}_noop", to=I64),
+            helper.make_node("Gather", ["table", f"{prefix}_same"], [out], name=f"{prefix}_gather", axis=0),
+        ]
+
+    then_g = helper.make_graph(
+        [
+            *gather("then", "t_rows"),
+            helper.make_node("Cast", ["xh"], ["up"], name="up", to=F32),
+            helper.make_node("Cast", ["up"], ["down"], name="down", to=F16),
+            helper.make_node("Identity", ["down"], ["t_h"], name="then_id"),
+        ],
+        "then",
+        [],
+        [value("t_rows"), value("t_h", F16)],
+    )
+    else_g = helper.make_graph(
+        [*gather("else", "e_rows"), helper.make_node("Identity", ["xh"], ["e_h"], name="else_id")],
+        "else",
+        [],
+        [value("e_rows"), value("e_h", F16)],
+    )
+    loop_body = helper.make_graph(
+        [
+            *gather("loop", "l_rows"),
+            helper.make_node("Add", ["v_in", "l_rows"], ["v_out"], name="loop_add"),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"], name="loop_cond"),
+        ],
+        "loop_body",
+        [value("i", I64, shape=()), value("cond_in", onnx.TensorProto.BOOL, shape=()), value("v_in")],
+        [value("cond_out", onnx.TensorProto.BOOL, shape=()), value("v_out")],
+    )
+    scan_body = helper.make_graph(
+        [*gather("scan", "s_rows"), helper.make_node("Add", ["state_in", "s_rows"], ["state_out"], name="scan_add")],
+        "scan_body",
+        [value("state_in"), value("step", shape=(1,))],
+        [value("state_out")],
+    )
+    nodes = [
+        helper.make_node("Cast", ["ids"], ["main_same"], name="main_noop", to=I64),
+        helper.make_node("Gather", ["table", "main_same"], ["rows"], name="main_gather", axis=0),
+        helper.make_node("If", ["cond"], ["picked", "h"], name="if", then_branch=then_g, else_branch=else_g),
+        helper.make_node("Loop", ["trip", "", "rows"], ["looped"], name="loop", body=loop_body),
+        helper.make_node("Scan", ["looped", "steps"], ["scanned"], name="scan", body=scan_body, num_scan_inputs=1),
+        helper.make_node("Add", ["picked", "scanned"], ["s"], name="add"),
+        helper.make_node("MatMul", ["s", "W"], ["y"], name="mm"),
+    ]
+    inputs = [
+        value("ids", I64, shape=(2,)),
+        value("xh", F16),
+        value("cond", onnx.TensorProto.BOOL, shape=()),
+        value("steps", shape=(3, 1)),
+    ]
+    inits = [init("table", w(8, 4)), init("W", w(4, 4)), init("trip", np.array(2, np.int64))]
+    return model(nodes, inputs, [value("y"), value("h", F16)], inits)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_the_plan_says_which_casts_in_bodies_the_clean_up_removed(dtype):
+    """The plan said so only of the main graph's removed Casts: those in
+    If, Loop and Scan bodies (a Cast that changes nothing, both halves of an
+    exact round trip, the first removed only once the second was) kept a
+    plan entry that did not say they were gone."""
+    m = bodies_model()
+    out, plan = convert(m, level="O2", dtype=dtype)
+    gone = {"main_noop", "then_noop", "else_noop", "loop_noop", "scan_noop", "up", "down"}
+    assert gone.isdisjoint(n.name for n in iter_nodes(out.graph))
+    assert {e.name for e in plan if REMOVED in e.reason} == gone
+    assert plan.by_name("loop_noop", "loop/body").reason.endswith(REMOVED)
+    assert plan.by_name("up", "if/then_branch").reason.endswith(REMOVED)
+    feeds = {
+        "ids": np.array([1, 5], np.int64),
+        "xh": RNG.standard_normal((2, 4)).astype(np.float16),
+        "steps": RNG.standard_normal((3, 1)).astype(np.float32),
+    }
+    if dtype == "fp16":
+        for cond in (True, False):
+            for ref, got in zip(
+                run(m, {**feeds, "cond": np.array(cond)}), run(out, {**feeds, "cond": np.array(cond)}), strict=True
+            ):
+                assert close(ref, got)
+
+
+def test_the_plan_says_which_casts_the_clean_up_removed_when_it_removes_hundreds():
+    """More than a few hundred Casts added and removed take the bulk paths
+    (the rewrite's one parse of the new Casts, the clean-up's one sort):
+    the index's nodes must still be the graph's, or no entry would say so."""
+    n = 300
+    nodes = []
+    for k in range(n):
+        nodes += [
+            helper.make_node("Cast", ["ids"], [f"same{k}"], name=f"noop{k}", to=I64),
+            helper.make_node("Gather", ["table", f"same{k}"], [f"rows{k}"], name=f"gather{k}", axis=0),
+            helper.make_node("MatMul", [f"rows{k}", "W"], [f"y{k}"], name=f"mm{k}"),
+        ]
+    outputs = [value(f"y{k}") for k in range(n)]
+    m = model(nodes, [value("ids", I64, shape=(2,))], outputs, [init("table", w(8, 4)), init("W", w(4, 4))])
+    out, plan = convert(m, level="O2")
+    assert count_casts(out) == n  # (one per output, back to fp32)
+    assert [n.op_type for n in out.graph.node[:3]] == ["Gather", "MatMul", "Cast"]
+    assert {e.name for e in plan if REMOVED in e.reason} == {f"noop{k}" for k in range(n)}
+    feeds = {"ids": np.array([1, 5], np.int64)}
+    assert all(close(a, b) for a, b in zip(run(m, feeds), run(out, feeds), strict=True))
 
 
 def test_a_shape_of_a_low_tensor_is_not_said_to_be_fed_only_by_constants():
