@@ -283,7 +283,8 @@ CONVERTED_INPUTS = frozenset({"Cast"})
 # Ops that pass a constant's values through unchanged: they move, pick,
 # repeat or pad them (so a constant behind them still reaches the consumer as
 # it is). Value: the inputs whose values they pass on (None: every input):
-# the data, and Pad's constant_value and the scatters' updates.
+# the data, and Pad's constant_value, the scatters' updates and both
+# branches of Where (its condition is no value it passes on).
 PASS_THROUGH_OPS: dict[str, tuple[int, ...] | None] = {
     **dict.fromkeys(
         (
@@ -299,7 +300,12 @@ PASS_THROUGH_OPS: dict[str, tuple[int, ...] | None] = {
     "ScatterElements": (0, 2),
     "ScatterND": (0, 2),
     "TensorScatter": (0, 1),
+    "Where": (1, 2),
 }  # fmt: skip
+# Of those, the ones that may hold a value of their own, passed on with the
+# data, in a float attribute: Pad before opset 11 pads with its ``value``
+# (an input, constant_value, from opset 11 on).
+PASS_THROUGH_ATTRIBUTES: dict[str, str] = {"Pad": "value"}
 
 LEVELS = ("O0", "O1", "O2", "O3")
 PROFILES = ("default", "mindspore", "paddle")

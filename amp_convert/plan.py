@@ -45,12 +45,13 @@ from .lists import (
     CONVERTED_INPUTS,
     DTYPE_AGNOSTIC_INPUTS,
     NO_LOW_KERNEL_OPS,
+    PASS_THROUGH_ATTRIBUTES,
     QUANTIZED_OPS,
     SOURCE_OPS,
     OpLists,
 )
 from .options import ConvertOptions
-from .safety import ConstantRanges, data_range_problem
+from .safety import ConstantRanges, data_range_problem, held_constant
 from .schema import Signature, first_opset_admitting, is_default_domain, model_opsets, op_key, signature
 from .typeinfo import NOT_A_TENSOR
 
@@ -499,7 +500,8 @@ class Planner:
         """Per node, the number of its kind (op, domain, float32 slots), the
         same in every graph of the model; -1 where the forward outcome is not
         reused (the rules look at a Cast's target type and at a sparse
-        Constant; control flow plans bodies). Numbered once per distinct
+        Constant, the safety rule at a value a Pad before opset 11 holds;
+        control flow plans bodies). Numbered once per distinct
         kind, with array operations: the planner's loop hashes an int, not
         a kind."""
         if not ctx.ops:
@@ -512,7 +514,7 @@ class Planner:
             kinds[i] = numbers.setdefault((ctx.ops[i], ctx.domains[i], floats[i]), len(numbers))
         nodes = ctx.nodes
         for i, op in enumerate(ctx.ops):
-            if op == "Cast" or (op == "Constant" and any(a.name == "sparse_value" for a in nodes[i].attribute)):
+            if op in _MAYBE_ALONE and _planned_alone(op, nodes[i]):
                 kinds[i] = -1
         for i in ctx.subgraphs:
             kinds[i] = -1
@@ -790,6 +792,21 @@ class Planner:
 
     def _is_float_data(self, t: int) -> bool:
         return t == FLOAT or t == self.low.onnx_type
+
+
+# The ops of which some nodes are planned alone (see _planned_alone).
+_MAYBE_ALONE = frozenset({"Cast", "Constant", *PASS_THROUGH_ATTRIBUTES})
+
+
+def _planned_alone(op: str, node: onnx.NodeProto) -> bool:
+    """Whether the rules look past ``node``'s kind: at a Cast's target type,
+    a sparse Constant, a value a Pad before opset 11 holds (which the safety
+    rule judges)."""
+    if op == "Cast":
+        return True
+    if op == "Constant":
+        return any(a.name == "sparse_value" for a in node.attribute)
+    return held_constant(node) is not None
 
 
 def _seen_bits(states: set) -> int:

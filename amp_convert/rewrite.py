@@ -30,13 +30,14 @@ from onnx import helper, numpy_helper
 from .dtypes import FLOAT, LowDtype
 from .external import is_external, read_array, retype_external
 from .graph import UNTYPED, GraphContext, NameGenerator, node_subgraphs
-from .lists import DTYPE_AGNOSTIC_INPUTS, DTYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
+from .lists import DTYPE_AGNOSTIC_INPUTS, DTYPE_ATTRIBUTE_OPS, PASS_THROUGH_ATTRIBUTES, VALUE_ATTRIBUTE_OPS
 from .plan import Demand, Plan, Precision
 from .safety import (
     ConstantRanges,
     ValueStats,
     attribute_constant,
     constant_array,
+    held_constant,
     raw_float32,
     segment_counts,
     small_raw,
@@ -172,8 +173,9 @@ def lower_small_tensors(
         start = end
 
 
-# Ops whose attributes fix their output type: rewritten when they run low.
-REWRITTEN_OPS = frozenset(DTYPE_ATTRIBUTE_OPS) | VALUE_ATTRIBUTE_OPS
+# Ops whose attributes fix their output type, or hold a value they pass on:
+# rewritten when they run low.
+REWRITTEN_OPS = frozenset(DTYPE_ATTRIBUTE_OPS) | VALUE_ATTRIBUTE_OPS | PASS_THROUGH_ATTRIBUTES.keys()
 _LOW, _UNCHANGED = Precision.LOW, Precision.UNCHANGED
 _RETYPED = -3  # (a float32 tensor the rewrite made low)
 _MASK_SLOTS = 62  # input slots a bit mask holds; a later slot is always looked at
@@ -671,6 +673,25 @@ class Rewriter:
             else:
                 node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(np.zeros(1, self.low.numpy))))
             self.stats.constants_lowered += 1
+        elif op in PASS_THROUGH_ATTRIBUTES:
+            self._lower_held(node)
+
+    def _lower_held(self, node: onnx.NodeProto) -> None:
+        """A low node uses the value it holds (see :func:`held_constant`) in
+        the low dtype: what that flushes is counted, as for the constants
+        the rewrite lowers, and a value beyond the range is clipped and
+        counted (onnxruntime would make it Inf)."""
+        held = held_constant(node)
+        if held is None:
+            return
+        attribute = PASS_THROUGH_ATTRIBUTES[node.op_type]
+        value = numpy_helper.to_array(held).reshape(1)
+        low_value = to_low_array(value, self.low, f"{node.name or node.output[0]}.{attribute}", self.stats)
+        if np.isfinite(value[0]) and abs(value[0]) > self.low.max:
+            for a in node.attribute:
+                if a.name == attribute:
+                    a.f = float(low_value[0])
+            self.stats.attributes_rewritten += 1
 
     def _lower_constant(self, node: onnx.NodeProto, scope: str) -> None:
         for idx, a in enumerate(node.attribute):

@@ -26,7 +26,7 @@ from .dtypes import LowDtype
 from .errors import AmpError
 from .external import read_array
 from .graph import GraphContext
-from .lists import PASS_THROUGH_OPS
+from .lists import PASS_THROUGH_ATTRIBUTES, PASS_THROUGH_OPS
 
 if TYPE_CHECKING:  # (calibration runs onnxruntime: its module is loaded where it is used)
     from .calibrate import Calibration
@@ -343,9 +343,9 @@ class ConstantRanges:
             add((data[ends[k - 1] if k else 0 : ends[k]], facts.flushed.get(k, 0)))
         return found
 
-    def constants_behind(self, ctx: GraphContext, name: str) -> list[tuple[str, str, onnx.TensorProto]]:
+    def constants_behind(self, ctx: GraphContext, name: str) -> list[tuple[str, str, onnx.TensorProto, str]]:
         """The constants whose values reach tensor ``name`` unchanged: (path
-        of the graph defining each, its name, its tensor)."""
+        of the graph defining each, its name, its tensor, how a reason names it)."""
         found, seen = [], set()
         todo = [(ctx, name, 0)]
         while todo:
@@ -355,7 +355,7 @@ class ConstantRanges:
             seen.add((ctx.path, name))
             tensor = ctx.initializers.get(name)
             if tensor is not None:
-                found.append((ctx.path, name, tensor))
+                found.append((ctx.path, name, tensor, f"constant {name!r}"))
                 continue
             producer = ctx.producer.get(name)
             if producer is None:
@@ -367,13 +367,22 @@ class ConstantRanges:
             if op in ("Constant", "ConstantOfShape"):
                 constant = attribute_constant(ctx.nodes[producer], name)
                 if constant is not None:
-                    found.append((ctx.path, *constant))
+                    found.append((ctx.path, *constant, f"constant {name!r}"))
             elif op in PASS_THROUGH_OPS:
+                held = _held(ctx, producer)
+                if held is not None:
+                    found.append(held)
                 todo.extend((ctx, passed, depth + 1) for passed in reversed(_passed_on(op, ctx.ins[producer])) if passed)
         return found
 
     def problem(self, ctx: GraphContext, i: int, low_inputs: tuple[int, ...], low: LowDtype) -> str | None:
-        """Why node ``i`` cannot read its constants in ``low``, or None."""
+        """Why node ``i`` cannot read its constants in ``low`` (its inputs,
+        and a value it holds itself: see :func:`held_constant`), or None."""
+        held = _held(ctx, i)
+        if held is not None:
+            verdict = self._first_problem([held], low)
+            if verdict is not None:
+                return verdict
         suspects = self.suspects(ctx, low)
         verdicts = self._verdicts[ctx.path, low.key]
         inputs = ctx.ins[i]
@@ -417,13 +426,17 @@ class ConstantRanges:
                         names.update(outs)
                 elif op == "ConstantOfShape":
                     names.update(outs)
+                elif op in PASS_THROUGH_ATTRIBUTES:  # (Pad before opset 11: its value is a constant of its own)
+                    held = _held(ctx, i)
+                    if held is not None and not _unremarkable(self.stats(*held[:3]), low):
+                        names.update(outs)
             if names:  # (what the ops passing a constant on make of these, in graph order: chains pass on)
                 for i in carriers:
                     op, node_ins = ops[i], all_ins[i]
                     if (
                         op in PASS_THROUGH_OPS
                         and node_ins
-                        and (node_ins[0] in names or (op in _MORE_INPUTS and not names.isdisjoint(_passed_on(op, node_ins))))
+                        and (not names.isdisjoint(_passed_on(op, node_ins)) if op in _MORE_INPUTS else node_ins[0] in names)
                     ):
                         names.update(all_outs[i])
             types = ctx.types
@@ -432,13 +445,18 @@ class ConstantRanges:
 
     def _judge(self, ctx: GraphContext, name: str, low: LowDtype) -> str | None:
         """Why tensor ``name`` cannot be read in ``low``: the values of the constants behind it."""
-        for scope, constant, tensor in self.constants_behind(ctx, name):
+        return self._first_problem(self.constants_behind(ctx, name), low)
+
+    def _first_problem(self, constants: list[tuple[str, str, onnx.TensorProto, str]], low: LowDtype) -> str | None:
+        """Why the first of ``constants`` (as :meth:`constants_behind` lists
+        them) that ``low`` cannot hold cannot, or None."""
+        for scope, constant, tensor, what in constants:
             s = self.stats(scope, constant, tensor)
             if s.abs_max > low.max and not self.clip:
-                return f"safety: constant {constant!r} holds values up to {s.abs_max:.4g}, beyond {low.name}'s max {low.max:.6g}"
+                return f"safety: {what} holds values up to {s.abs_max:.4g}, beyond {low.name}'s max {low.max:.6g}"
             lost = s.underflow(low)
             if lost and (s.size <= SMALL_CONSTANT or lost * 2 > s.nonzero):
-                return f"safety: {lost} of {s.nonzero} non-zero values of constant {constant!r} would become 0 in {low.name}"
+                return f"safety: {lost} of {s.nonzero} non-zero values of {what} would become 0 in {low.name}"
         return None
 
 
@@ -446,6 +464,32 @@ def _passed_on(op: str, inputs: list[str]) -> list[str]:
     """The inputs of a node of pass-through ``op`` whose values it passes on."""
     slots = PASS_THROUGH_OPS[op]
     return inputs if slots is None else [inputs[k] for k in slots if k < len(inputs)]
+
+
+def held_constant(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    """The value a pass-through node holds itself and passes on with its
+    data (see ``PASS_THROUGH_ATTRIBUTES``: Pad before opset 11 pads with its
+    ``value`` attribute), as a tensor; None where it holds none, or zero
+    (which every dtype holds)."""
+    attribute = PASS_THROUGH_ATTRIBUTES.get(node.op_type)
+    if attribute is not None:
+        for a in node.attribute:
+            if a.name == attribute and a.type == onnx.AttributeProto.FLOAT and a.f:
+                return numpy_helper.from_array(np.array(a.f, np.float32))
+    return None
+
+
+def _held(ctx: GraphContext, i: int) -> tuple[str, str, onnx.TensorProto, str] | None:
+    """Node ``i``'s :func:`held_constant`, as :meth:`ConstantRanges.constants_behind`
+    lists a constant: under the name of the node's output (no constant of
+    its graph has it, so its statistics are cached apart)."""
+    op = ctx.ops[i]
+    if op not in PASS_THROUGH_ATTRIBUTES or not ctx.outs[i] or not ctx.outs[i][0]:
+        return None
+    tensor = held_constant(ctx.nodes[i])
+    if tensor is None:
+        return None
+    return ctx.path, ctx.outs[i][0], tensor, f"the {PASS_THROUGH_ATTRIBUTES[op]} attribute of {op} {ctx.node_label(i)!r}"
 
 
 def _unremarkable(s: ValueStats | None, low: LowDtype) -> bool:

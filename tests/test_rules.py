@@ -34,6 +34,7 @@ from onnx import helper
 
 from amp_convert import ConvertOptions, Precision, convert
 from amp_convert.cleanup import count_casts
+from amp_convert.emulate import emulation_twin
 from amp_convert.errors import AmpError
 from models.zoo_inputs import iter_nodes
 
@@ -598,21 +599,33 @@ def _through(op: str) -> tuple[list[onnx.NodeProto], dict[str, np.ndarray]]:
             [node("ScatterND", ["one", "i", "c"], ["b"])],
             {"one": ones, "i": np.zeros((1, 1), int), "c": big[:1]},
         ),
+        "Where constant branch": (
+            [node("Where", ["keep", "one", "c"], ["b"])],
+            {"keep": np.array([False, True, True, True]), "one": ones, "c": big[0]},
+        ),
+        # (before opset 11 Pad pads with its value attribute: a constant of its own)
+        "Pad value attribute": ([node("Pad", ["one"], ["b"], pads=[1, 1], value=1e5)], {"one": ones[:2]}),
     }
     return cases[op]
+
+
+_THROUGH_OPSETS = {"Pad value attribute": 10}
 
 
 @pytest.mark.parametrize(
     "op",
     [
         "Split", "GatherElements", "GatherND", "Compress", "Pad", "Trilu", "ReverseSequence", "DepthToSpace",
-        "SpaceToDepth", "Concat second input", "Pad constant_value", "ScatterND updates",
+        "SpaceToDepth", "Concat second input", "Pad constant_value", "ScatterND updates", "Where constant branch",
+        "Pad value attribute",
     ],
 )  # fmt: skip
 def test_safety_rule_finds_constants_behind_every_op_that_passes_values_on(op):
     """A constant of 1e5 reaches a Mul through ``op`` (moving, picking or
     padding values, from its data or from another input): the Mul stays
-    fp32 at O2, as behind a Reshape, and the result stays finite."""
+    fp32 at O2, as behind a Reshape, and the result stays finite where
+    every low tensor is rounded (the Mul read Inf behind Where's constant
+    branch and Pad's value before opset 11, which the rule did not follow)."""
     made, constants = _through(op)
     nodes = [
         *made,
@@ -622,11 +635,40 @@ def test_safety_rule_finds_constants_behind_every_op_that_passes_values_on(op):
     ]
     inits = [init(name, a.astype(np.int64) if a.dtype.kind == "i" else a) for name, a in constants.items()]
     inits += [init("W", w(4, 4)), init("scale", np.array(1e-5, np.float32))]
-    m = model(nodes, [value("x", shape=(1, 4))], [value("y", shape=(1, 4))], inits)
+    m = model(nodes, [value("x", shape=(1, 4))], [value("y", shape=(1, 4))], inits, opset=_THROUGH_OPSETS.get(op, 17))
     out, plan = convert(m, level="O2")
     assert plan.by_name("mul").rule == "safety-initializer-range"
     feeds = x_feed((1, 4))
     assert close(run(m, feeds)[0], run(out, feeds)[0])
+    assert close(run(m, feeds)[0], run(emulation_twin(out), feeds)[0])
+
+
+def test_a_pad_before_opset_11_is_judged_on_the_value_it_pads_with():
+    """Before opset 11 Pad holds the value it pads with in an attribute: a
+    low Pad of 1e5 made Inf where every low tensor is rounded (as on a GPU).
+    At O2 the Pad holding it stays fp32 (the Pad of the same kind before it,
+    padding with 0.5, runs low: each is judged on its own value); at O3 the
+    value is clipped to fp16's largest, and counted."""
+    pads = [0, 1, 0, 1]
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("Pad", ["h"], ["p1"], name="pad_small", pads=pads, value=0.5),
+        helper.make_node("Pad", ["h"], ["p2"], name="pad_big", pads=pads, value=1e5),
+        helper.make_node("Mul", ["p2", "scale"], ["m"], name="mul"),
+        helper.make_node("Add", ["p1", "m"], ["y"], name="add"),
+    ]
+    inits = [init("W", w(4, 4)), init("scale", np.array(1e-5, np.float32))]
+    m = model(nodes, [value("x", shape=(1, 4))], [value("y", shape=(1, 6))], inits, opset=10)
+    feeds = x_feed((1, 4))
+    out, plan = convert(m, level="O2")
+    assert plan.by_name("pad_small").precision is Precision.LOW
+    big = plan.by_name("pad_big")
+    assert big.rule == "safety-initializer-range" and "the value attribute of Pad 'pad_big'" in big.reason
+    assert close(run(m, feeds)[0], run(emulation_twin(out), feeds)[0])
+    result = convert(m, level="O3")
+    assert attr(next(n for n in result.model.graph.node if n.name == "pad_big"), "value") == 65504.0
+    assert result.stats.clipped == {"pad_big.value": 1}
+    assert np.isfinite(run(emulation_twin(result.model), feeds)[0]).all()
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
