@@ -6,7 +6,8 @@ rewriter only executes it.
 
 Order of the rules (first match wins):
 
-1. nodes with no float32 tensor are left unchanged (integer, bool, already low);
+1. nodes with no float32 tensor are left unchanged (integer, bool, already low),
+   and so are the ops that read one for its shape alone (Shape, Size);
 2. control flow keeps its interface types (its bodies get plans of their own);
    quantized ops, ops of unknown type, calls of the model's local functions
    (their bodies are left as they are), and custom-domain ops not named in a
@@ -262,6 +263,10 @@ class Plan:
         return "\n".join(lines)
 
 
+# Ops that read their float input for its shape alone (Shape, Size): they
+# compute nothing in float32 or low, whatever version of it they read.
+_SHAPE_READERS = {op: frozenset(slots) for op, slots in DTYPE_AGNOSTIC_INPUTS.items() if op not in CONVERTED_INPUTS}
+
 # Rules whose verdict is about one node's own inputs, not its kind.
 _NODE_RULES = frozenset({"safety-initializer-range", "safety-data-range"})
 
@@ -442,11 +447,8 @@ class Planner:
             if follow is not None:
                 seen = 0
                 if follow:  # (inline for the many follow nodes; see _seen_states)
-                    if ops[i] in DTYPE_AGNOSTIC_INPUTS:
-                        seen = self._seen_states(ctx, i)
-                    else:
-                        reaching = set(map(states_get, ins[i]))  # (_seen_bits, inline)
-                        seen = (_SEEN_LOW if LOW in reaching else 0) | (_SEEN_F32 if F32 in reaching else 0)
+                    reaching = set(map(states_get, ins[i]))  # (_seen_bits, inline)
+                    seen = (_SEEN_LOW if LOW in reaching else 0) | (_SEEN_F32 if F32 in reaching else 0)
                 outcome = outcomes.get(kind * 4 + seen)
                 if outcome is not None:
                     row, low_inputs, state, checked, out_states = outcome
@@ -522,9 +524,7 @@ class Planner:
 
     def _seen_states(self, ctx: GraphContext, i: int) -> int:
         """Which data states reach node ``i`` (bits _SEEN_LOW, _SEEN_F32), as the follow rule sees them."""
-        agnostic = DTYPE_AGNOSTIC_INPUTS.get(ctx.ops[i], ())
-        names = ctx.ins[i] if not agnostic else [n for slot, n in enumerate(ctx.ins[i]) if slot not in agnostic]
-        return _seen_bits(set(map(self.states.get, names)))
+        return _seen_bits(set(map(self.states.get, ctx.ins[i])))
 
     # ------------------------------------------------------- classification
 
@@ -583,6 +583,9 @@ class Planner:
             return Precision.FP32, "quantized", "quantized computation is never touched", _FIXED
         if default_domain and op == "Cast" and cast_to(node) != FLOAT:
             return Precision.UNCHANGED, "cast", "Cast to a non-float32 type reads any float version", _FIXED
+        if default_domain and op in _SHAPE_READERS and not float_outs and _SHAPE_READERS[op].issuperset(float_ins):
+            why = f"{op} reads only the shape of its float input: it computes in no float type"
+            return Precision.UNCHANGED, "shape-only", why, _FIXED
         if unknown:
             return Precision.FP32, "unknown-type", "a tensor's type is unknown (or it is a sequence); left as it is", _FIXED
         if default_domain and self._sig(ctx, i) is None:
@@ -697,9 +700,7 @@ class Planner:
         neutral data (constants, graph inputs) and must wait for its consumers."""
         seen = self._seen_states(ctx, i)
         if not seen:
-            # (a node of one kind shares this text: true of each, whatever its agnostic inputs read)
-            agnostic = ", or inputs it reads in whatever float type they have" if ctx.ops[i] in DTYPE_AGNOSTIC_INPUTS else ""
-            entry.reason = f"{entry.reason}; fed only by constants or graph inputs{agnostic}"
+            entry.reason = f"{entry.reason}; fed only by constants or graph inputs"
             return False
         if seen == _SEEN_F32:
             entry.reason = f"{entry.reason}; its inputs are fp32"

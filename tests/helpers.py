@@ -41,6 +41,21 @@ def model(
     return m
 
 
+def shape_readers_model() -> onnx.ModelProto:
+    """MatMul -> Transpose (low at every level), read by Shape and Size
+    (``shp``, ``size``: only for its shape) and by a Reshape."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
+        helper.make_node("Transpose", ["m"], ["t"], name="tr", perm=[1, 0]),
+        helper.make_node("Shape", ["t"], ["s"], name="shp"),
+        helper.make_node("Size", ["t"], ["n"], name="size"),
+        helper.make_node("Reshape", ["t", "s"], ["y"], name="rs"),
+    ]
+    weight = np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4)
+    outputs = [value("y", shape=(4, 4)), value("n", I64, shape=())]
+    return model(nodes, [value("x", shape=(4, 4))], outputs, [init("W", weight)])
+
+
 def run(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from helpers import shape_readers_model
 from onnx import helper, numpy_helper
 
 from amp_convert import convert
@@ -269,6 +270,21 @@ def test_explain_and_plan_json(resnet, tmp_path, capsys):
     assert plan["level"] == "O1" and len(plan["nodes"]) == len(onnx.load(str(resnet)).graph.node)
     conv = next(n for n in plan["nodes"] if n["name"] == "/conv1/Conv")
     assert conv["precision"] == "low" and conv["rule"] == "white-list"
+
+
+def test_shape_readers_count_as_unchanged_in_the_summary_line_and_the_json(tmp_path, capsys):
+    """The summary line, the plan JSON and the report's JSON give one set of
+    totals, in which Shape and Size (reading a low tensor for its shape
+    alone) are unchanged nodes, not fp32 ones."""
+    path = tmp_path / "shapes.onnx"
+    onnx.save(shape_readers_model(), str(path))
+    plan_path, report_path = tmp_path / "plan.json", tmp_path / "report.json"
+    flags = ["--level", "O2", "--no-validate", "--plan-json", str(plan_path), "--report", str(report_path)]
+    assert main([str(path), "-o", str(tmp_path / "o.onnx"), *flags]) == 0
+    summary = capsys.readouterr().out.splitlines()[-1]
+    assert "O2 fp16, 3 low / 0 fp32 / 2 unchanged nodes" in summary
+    counts = {"low": 3, "fp32": 0, "unchanged": 2}
+    assert json.loads(plan_path.read_text())["counts"] == json.loads(report_path.read_text())["plan"]["counts"] == counts
 
 
 def test_lists_command(capsys):

@@ -28,6 +28,7 @@ from helpers import (
     model,
     nodes_of,
     run,
+    shape_readers_model,
     value,
 )
 from onnx import helper
@@ -1735,21 +1736,21 @@ def test_the_plan_says_which_casts_the_clean_up_removed_when_it_removes_hundreds
     assert all(close(a, b) for a, b in zip(run(m, feeds), run(out, feeds), strict=True))
 
 
-def test_a_shape_of_a_low_tensor_is_not_said_to_be_fed_only_by_constants():
-    """Shape reads its input in whatever float type it has, so no state
-    reaches it through that input; its reason said it was fed only by
-    constants or graph inputs while it read a low activation."""
-    nodes = [
-        helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
-        helper.make_node("Transpose", ["m"], ["t"], name="tr", perm=[1, 0]),
-        helper.make_node("Shape", ["t"], ["s"], name="shp"),
-        helper.make_node("Reshape", ["t", "s"], ["y"], name="rs"),
-    ]
-    m = model(nodes, [value("x", shape=(4, 4))], [value("y", shape=(4, 4))], [init("W", w(4, 4))])
-    out, plan = convert(m, level="O2")
-    assert plan.by_name("tr").precision is Precision.LOW
-    assert "inputs it reads in whatever float type they have" in plan.by_name("shp").reason
-    assert [n.input[0] for n in out.graph.node if n.name == "shp"] == ["t"] and elem_types(out)["t"] == F16
+@pytest.mark.parametrize("level", ["O1", "O2", "O3"])
+def test_shape_and_size_of_a_low_tensor_are_unchanged_in_the_plan_and_its_totals(level):
+    """Shape and Size read only the shape of their float input and compute
+    in no float type, yet the plan counted them fp32 (O1, O2: follow nodes
+    waiting on consumers that need no float) or low (O3) in its totals;
+    their reason said they were fed only by constants while they read a
+    low activation. They read it as it is."""
+    out, plan = convert(shape_readers_model(), level=level)
+    for name in ("shp", "size"):
+        entry = plan.by_name(name)
+        assert (entry.precision, entry.rule) == (Precision.UNCHANGED, "shape-only")
+        assert "fed only by constants" not in entry.reason
+    assert plan.counts() == plan.as_dict()["counts"] == {"low": 3, "fp32": 0, "unchanged": 2}
+    assert plan.format_table().splitlines()[-1] == "3 low, 0 fp32, 2 unchanged"
+    assert [n.input[0] for n in out.graph.node if n.name in ("shp", "size")] == ["t", "t"] and elem_types(out)["t"] == F16
 
 
 def test_an_upgrade_that_inference_at_the_new_opset_contradicts_is_refused_as_the_inputs_fault():
