@@ -28,9 +28,7 @@ from .errors import AmpError, ConversionError, RunFailure
 from .external import PROTOBUF_LIMIT
 from .lists import LEVELS, PROFILES
 from .load import remember_inputs
-from .options import IO_TYPES, ConvertOptions
-from .report import build_report, clipping_summary, html_report, report_json, terminal_table
-from .runner import PROVIDERS
+from .options import IO_TYPES, PROVIDERS, ConvertOptions
 
 if TYPE_CHECKING:
     from .save import TextFiles
@@ -526,6 +524,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     from .external import payload
     from .load import check_input_model, read_model
     from .pipeline import convert
+    from .report import build_report, clipping_summary
     from .save import TextFiles, save_model
 
     auto = kw["level"] == "auto"
@@ -835,6 +834,7 @@ def _auto(reference, options: ConvertOptions, start: str, source, calibration, k
 def compare_command(reference: Path, candidate: Path, **kw: Any) -> None:
     """Compare CANDIDATE (e.g. converted by another tool) with REFERENCE."""
     from .load import read_model
+    from .report import build_report
     from .save import TextFiles
 
     ref_loaded, cand_loaded = read_model(reference), read_model(candidate)  # (external data read into memory: the two
@@ -960,6 +960,8 @@ def _tolerance(kw: dict, reference_low: str):
 
 
 def _write_reports(files: TextFiles, report: dict, kw: dict) -> None:
+    from .report import html_report, report_json
+
     if kw["report"]:
         files.write(kw["report"], report_json(report))
     if kw["html"]:
@@ -967,6 +969,8 @@ def _write_reports(files: TextFiles, report: dict, kw: dict) -> None:
 
 
 def _echo_reports(report: dict, kw: dict) -> None:
+    from .report import report_json, terminal_table
+
     if kw["json_out"]:
         click.echo(report_json(report))
     elif not kw["quiet"] and report["validation"] is not None:

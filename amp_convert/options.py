@@ -14,6 +14,7 @@ from .lists import BATCHNORM, LEVELS, PROFILES, OpLists, resolve_lists
 from .schema import validate_op_names
 
 IO_TYPES = ("keep", "low")
+PROVIDERS = ("auto", "cuda", "cpu")  # onnxruntime providers validation can ask for (auto: CUDA where usable)
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from .errors import AmpError, RunFailure
 from .external import PROTOBUF_LIMIT, has_external, payload_bytes, write_with_external_data
 from .metrics import is_float
 from .opset import min_ir_for_opset
+from .options import PROVIDERS
 from .save import scratch_folder
 
-PROVIDERS = ("auto", "cuda", "cpu")
 _CUDA = "CUDAExecutionProvider"
 _CPU = "CPUExecutionProvider"
 

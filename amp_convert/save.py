@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import shutil
 import signal
 import tempfile
@@ -134,7 +133,7 @@ def _create_temporary(folder: Path, name: str) -> Path:
     mode 0666 minus the umask, as any new file (mkstemp's would be 0600)."""
     flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
     for _ in range(100):
-        path = folder / f".{name[:200]}.{secrets.token_hex(4)}.tmp"
+        path = folder / f".{name[:200]}.{os.urandom(4).hex()}.tmp"
         try:
             fd = os.open(path, flags, 0o666)
         except FileExistsError:
