@@ -216,7 +216,7 @@ def _slot_reads(ctx: GraphContext, low_inputs: list[tuple[int, ...]]) -> _SlotRe
 
 def _nodes_to_visit(
     ctx: GraphContext, precision: list[Precision], reads: _SlotReads, changed: dict[str, int], output_producers: set[int]
-) -> list[int]:
+) -> tuple[list[int], dict[int, list[int]] | None]:
     """The nodes the rewrite must look at, in graph order: those with an
     input whose tensor may not have the type the node reads it in, control
     flow, low ops whose attributes change, and graph outputs' producers (and
@@ -225,7 +225,10 @@ def _nodes_to_visit(
     read what they need as it is: one lookup per input and a few array
     operations find the others, where the rewrite's loop would look at every
     input. Conservative: an input whose type or scope the arrays do not
-    settle is looked at."""
+    settle is looked at. Also, in a main graph without bodies, the inputs
+    to look at of each node visited for them (None: every input of every
+    node visited; the nodes visited for other reasons have every input
+    looked at)."""
     keep_all = bool(ctx.subgraphs)  # (with bodies to rewrite, even nodes without float32 are looked at)
     always = {i for i in output_producers if keep_all or precision[i] is not _UNCHANGED}
     always.update(ctx.subgraphs)
@@ -236,7 +239,7 @@ def _nodes_to_visit(
     table = ctx.input_slots()
     flat, node = table.names, table.node
     if not flat:
-        return sorted(always)
+        return sorted(always), None
     n, count = len(ctx.ins), len(flat)
     # Each input's tensor: its type, or _RETYPED if it was float32 and is low now.
     t = ctx.input_types().copy()
@@ -248,8 +251,20 @@ def _nodes_to_visit(
     look &= ~reads.agnostic
     if not keep_all:
         look &= np.fromiter(map(is_not, precision, repeat(_UNCHANGED)), bool, n)[node]
-    always.update(np.unique(node[look]).tolist())
-    return sorted(always)
+    if keep_all or ctx.parent is not None:
+        always.update(np.unique(node[look]).tolist())
+        return sorted(always), None
+    hits = np.flatnonzero(look)
+    slots_of: dict[int, list[int]] = {}
+    for i, slot in zip(node[hits].tolist(), table.slot[hits].tolist(), strict=True):
+        found = slots_of.get(i)
+        if found is None:
+            slots_of[i] = [slot]
+        else:
+            found.append(slot)
+    for i in always:
+        slots_of.pop(i, None)
+    return sorted(always.union(slots_of)), slots_of
 
 
 class Rewriter:
@@ -339,11 +354,13 @@ class Rewriter:
         changed.update(dict.fromkeys(low_outputs, low))
         output_producers = {ctx.producer[n] for n in ctx.output_names if n in ctx.producer}
         is_main = ctx.parent is None
-        for i in _nodes_to_visit(ctx, precision, reads, changed, output_producers):
+        visit, slots_of = _nodes_to_visit(ctx, precision, reads, changed, output_producers)
+        for i in visit:
             inputs = ins[i]
             low_inputs = low_ins[i]
             agnostic = DTYPE_AGNOSTIC_INPUTS.get(ops[i], ())
-            for slot, name in enumerate(inputs):
+            picked = slots_of.get(i) if slots_of is not None else None
+            for slot, name in enumerate(inputs) if picked is None else zip(picked, map(inputs.__getitem__, picked), strict=True):
                 if not name or slot in agnostic:
                     continue
                 t = types.get(name) or ctx.type_of(name)
