@@ -105,7 +105,8 @@ def _per_node_float_slots(ctx):
 # Each fast path, and how to switch it off: the general code then does its work.
 SWITCH_OFF = {
     "float-slot patterns": (plan, "_all_float_slots", _per_node_float_slots),
-    "single-output type rules": (typeinfo, "_single_output_rules", lambda ctx, *_: [None] * len(ctx.ops)),
+    # (every node's rule None: the loop, and the chained path, work each out alone)
+    "single-output type rules": (typeinfo, "_rule_rows", lambda ctx, *_: ([None], np.zeros(len(ctx.ops), np.int64))),
     "chained types": (typeinfo, "_chained_types", lambda *_: False),
     "reused plan outcomes": (plan.Planner, "_kind_ids", lambda self, ctx, *_: [-1] * len(ctx.ops)),
     "gathered readers": (GraphContext, "gather_readers", lambda self, names: None),
