@@ -49,6 +49,13 @@ DEFAULT_TOLERANCES = {
 }
 
 
+ALL_ZEROS = "every value became 0"  # (how the all-zeros warning begins)
+# The mixed-scale warning keeps, per axis of an output, a maximum per index:
+# for axes of at most this many indices, outputs of at most this many values.
+AXIS_INDICES = 4096
+AXIS_ELEMENTS = 1 << 24
+
+
 class ErrorStats:
     """Streaming comparison of one tensor across samples.
 
@@ -76,6 +83,9 @@ class ErrorStats:
         self.new_nonfinite = 0  # candidate NaN/Inf where the reference is finite
         self.lost_nonfinite = 0  # reference NaN/Inf where the candidate is finite
         self.equal = 0
+        # Per axis of the output (see _update_axes): per index, the largest |ref| and |error|
+        self._axes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._axes_shape: tuple[int, ...] | None = None  # the shape they are kept for (() once shapes differ)
 
     def update(self, ref: np.ndarray, cand: np.ndarray) -> None:
         ref, cand = np.asarray(ref), np.asarray(cand)
@@ -111,6 +121,8 @@ class ErrorStats:
             return
         err = np.abs(r - c)
         abs_r = np.abs(r)
+        if ref.ndim >= 2 and r.size == ref.size:  # (every value finite: the arrays keep the output's shape)
+            self._update_axes(ref.shape, abs_r, err)
         scale = float(abs_r.max())
         self.max_abs_ref = max(self.max_abs_ref, scale)
         self.max_abs_err = max(self.max_abs_err, float(err.max()))
@@ -123,6 +135,58 @@ class ErrorStats:
         # values near zero do not dominate.
         floor = max(scale * 1e-3, np.finfo(np.float32).tiny)
         self.max_rel_err = max(self.max_rel_err, float((err / np.maximum(abs_r, floor)).max()))
+
+    def _update_axes(self, shape: tuple[int, ...], abs_r: np.ndarray, err: np.ndarray) -> None:
+        """Along each axis of 2 to AXIS_INDICES indices, per index: the
+        largest |reference| and |error| over the rest of the output (see
+        :meth:`_mixed_scales`). Kept while every sample has one shape, for
+        outputs of at most AXIS_ELEMENTS values."""
+        if self._axes_shape is None:
+            self._axes_shape = shape if abs_r.size <= AXIS_ELEMENTS else ()
+        if shape != self._axes_shape:
+            self._axes_shape, self._axes = (), {}
+        if not self._axes_shape:
+            return
+        abs_r, err = abs_r.reshape(shape), err.reshape(shape)
+        for axis, n in enumerate(shape):
+            if not 2 <= n <= AXIS_INDICES:
+                continue
+            rest = tuple(k for k in range(len(shape)) if k != axis)
+            found = (abs_r.max(axis=rest), err.max(axis=rest))
+            kept = self._axes.setdefault(axis, found)
+            if kept is not found:
+                np.maximum(kept[0], found[0], out=kept[0])
+                np.maximum(kept[1], found[1], out=kept[1])
+
+    def _mixed_scales(self, tol: Tolerance) -> str | None:
+        """The tolerance is one per output, at the scale of its largest
+        values: where an output packs values of very different scales (a
+        detector's box coordinates beside its class scores), a part whose
+        values are small next to the rest can be off by much of its own
+        range and pass. Along the axis where it is worst, the part (indices)
+        whose values stay within a tenth of the output's scale and are off
+        by over a tenth of their own, past the tolerance at their own scale,
+        described; None where there is none."""
+        worst: tuple[float, int, np.ndarray] | None = None
+        for axis, (scales, errors) in self._axes.items():
+            off = (scales * 10 <= self.max_abs_ref) & (errors > 0.1 * scales) & (errors > tol.atol + tol.rtol * scales)
+            if off.any():
+                share = float((errors[off] / np.maximum(scales[off], 1e-30)).max())
+                if worst is None or share > worst[0]:
+                    worst = (share, axis, off)
+        if worst is None:
+            return None
+        share, axis, off = worst
+        scales, errors = self._axes[axis]
+        where = np.flatnonzero(off)
+        at = f"index {where[0]}" if len(where) == 1 else f"{len(where)} of its {len(off)} indices ({_index_ranges(where)})"
+        part = float(scales[off].max())
+        how = f"{share:.0%} of their own range" if part > 0 else "where fp32 is 0"
+        return (
+            f"along axis {axis}, {at} reach at most {part:.3g} in fp32 (the output {self.max_abs_ref:.3g}, the scale "
+            f"it is judged at) and are off by up to {float(errors[off].max()):.3g}, {how}: give a lower --rtol to "
+            "judge them at their own scale, or validate them as an output of their own"
+        )
 
     def _update_rms(self, ref: np.ndarray, cand: np.ndarray) -> None:
         # float64: squares of values past 1e19 (attention masks filled with
@@ -190,14 +254,18 @@ class ErrorStats:
             }
         return every if only is None else {k: ok for k, ok in every.items() if k in only}
 
-    def warnings(self) -> list[str]:
-        """What passes the tolerance but a person should still see."""
-        if self.kind != "exact" and self.sum_sq_ref > 0 and self.sum_sq_cand == 0:
+    def warnings(self, tol: Tolerance | None = None) -> list[str]:
+        """What passes the tolerance but a person should still see (``tol``:
+        the tolerance judged, which the mixed-scale warning needs)."""
+        if self.kind == "exact":
+            return []
+        if self.sum_sq_ref > 0 and self.sum_sq_cand == 0:
             return [
-                f"every value became 0 (fp32 reaches {self.max_abs_ref:.3g}); it passes only because the whole "
+                f"{ALL_ZEROS} (fp32 reaches {self.max_abs_ref:.3g}); it passes only because the whole "
                 "output is within --atol of 0: lower --atol to judge it"
             ]
-        return []
+        mixed = self._mixed_scales(tol) if tol is not None and not self.verdict(tol) else None
+        return [mixed] if mixed else []
 
     def verdict(self, tol: Tolerance, only: tuple[str, ...] | None = None) -> list[str]:
         """Reasons this output fails ``tol`` (empty: it passes); ``only``: judge just these checks."""
@@ -246,8 +314,16 @@ class ErrorStats:
             d["failures"] = failures
             d["checks"] = self.checks(tol, only)
             d["limit_abs_err"] = tol.atol + tol.rtol * self.max_abs_ref
-        d["warnings"] = self.warnings()
+        d["warnings"] = self.warnings(tol)
         return d
+
+
+def _index_ranges(indices: np.ndarray, most: int = 4) -> str:
+    """Sorted indices as runs: "4-83", "0, 2, 5-7" (the first ``most`` runs)."""
+    starts = [0, *(np.flatnonzero(np.diff(indices) != 1) + 1).tolist()]
+    ends = [*starts[1:], len(indices)]
+    runs = [f"{indices[a]}" if b - a == 1 else f"{indices[a]}-{indices[b - 1]}" for a, b in zip(starts, ends, strict=True)]
+    return ", ".join(runs[:most]) + (", ..." if len(runs) > most else "")
 
 
 def _new_nonfinite(r: np.ndarray, c: np.ndarray, r_fin: np.ndarray, c_fin: np.ndarray) -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .metrics import ALL_ZEROS
 from .plan import Precision
 
 SCHEMA_ID = "amp-convert-report"
@@ -124,6 +125,9 @@ def terminal_table(report: dict) -> str:
         rows += _metric_rows(f"{out['name']} (choice input)", out, tol, judged_only=True)
     widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
     lines = ["  ".join(str(c).ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
+    warned = [f"warning: {out['name']}: {w}" for out in v["outputs"] for w in out.get("warnings", [])]
+    if warned:
+        lines += ["", *warned]
     offenders = v["offenders"]  # (--top of them)
     if offenders:
         lines.append("")
@@ -163,8 +167,9 @@ def _metric_rows(label: str, out: dict, tol: dict, judged_only: bool = False) ->
         rows.append(("SNR dB", _snr(out), "", ""))
     nonfinite = f"{out['cand_nan'] + out['cand_inf']} (fp32: {out['ref_nan'] + out['ref_inf']})"
     rows.append(("NaN/Inf", nonfinite, "as fp32's", _pf(checks["nonfinite"])))
-    if not judged_only and out.get("warnings"):
-        rows.append(("all zeros", "yes", "within --atol", "WARN"))
+    for warning in out.get("warnings", []) if not judged_only else ():
+        zeros = warning.startswith(ALL_ZEROS)
+        rows.append(("all zeros", "yes", "within --atol", "WARN") if zeros else ("mixed scales", "part off", "see below", "WARN"))
     return [(label if k == 0 else "", *row) for k, row in enumerate(rows)]
 
 
@@ -307,6 +312,9 @@ def _outputs_table(v: dict) -> str:
     ]
     if failures:
         rows.append(f"<ul id='failures' class='meta'>{''.join(failures)}</ul>")
+    warned = [f"<li>{html.escape(o['name'])}: {html.escape(w)}</li>" for o in v["outputs"] for w in o.get("warnings", [])]
+    if warned:
+        rows.append(f"<ul id='warnings' class='meta'>{''.join(warned)}</ul>")
     return "".join(rows)
 
 

@@ -878,3 +878,67 @@ def test_the_twin_reads_low_sparse_initializers_and_constants_as_float32():
         == run(low, {"x": x})[0].astype(np.float32).tolist()
         == [[4, 1], [1, 5.5]]
     )
+
+
+def _boxes_and_scores() -> onnx.ModelProto:
+    """A detector head's way: box coordinates (x * 320) beside scores
+    ((x + 1000) - 1000, which fp16 rounds to steps of 0.5) in one output."""
+    ints = [init(n, np.array(v, np.int64)) for n, v in (("s0", [0]), ("e4", [4]), ("s4", [4]), ("e8", [8]), ("ax", [1]))]
+    nodes = [
+        helper.make_node("Slice", ["x", "s0", "e4", "ax"], ["xb"], name="boxes_in"),
+        helper.make_node("Slice", ["x", "s4", "e8", "ax"], ["xs"], name="scores_in"),
+        helper.make_node("Mul", ["xb", "k320"], ["boxes"], name="boxes"),
+        helper.make_node("Add", ["xs", "k1000"], ["shifted"], name="shift"),
+        helper.make_node("Sub", ["shifted", "k1000"], ["scores"], name="unshift"),
+        helper.make_node("Concat", ["boxes", "scores"], ["y"], axis=1, name="head"),
+    ]
+    constants = [init("k320", np.float32(320)), init("k1000", np.float32(1000))]
+    return model(nodes, [value("x", shape=(4, 8))], [value("y", shape=(4, 8))], [*ints, *constants])
+
+
+def test_an_output_mixing_scales_passes_with_a_warning_naming_the_part_that_is_off(tmp_path):
+    """The tolerance is at the scale of the output's largest values (the
+    boxes): scores off by a quarter of their range pass it, and the report
+    says where and by how much of their own range; a tighter --rtol fails
+    them. The same model without the rounding scores has no warning."""
+    m = _boxes_and_scores()
+    out = convert(m, level="O3").model
+    result = validate(m, out, make_source(m, samples=2), ValidationConfig())
+    [metrics] = result.outputs
+    assert result.passed
+    [warning] = metrics.warnings(result.tolerance)
+    assert warning.startswith("along axis 1, 4 of its 8 indices (4-7) reach at most 0.")
+    share = float(warning.split("% of their own range")[0].rsplit(" ", 1)[1])
+    assert 10 < share <= 50  # (fp16 steps of 0.5 near 1000: up to 0.25 off values below 1)
+    assert metrics.as_dict(result.tolerance)["warnings"] == [warning]
+    strict = validate(m, out, make_source(m, samples=2), ValidationConfig(tolerance=Tolerance(1e-3, 1e-4, 0.999)))
+    assert not strict.passed
+    exact = convert(m, level="O3", keep_fp32=["shift", "unshift"]).model
+    assert validate(m, exact, make_source(m, samples=2), ValidationConfig()).outputs[0].warnings(result.tolerance) == []
+    path = tmp_path / "head.onnx"
+    onnx.save(m, str(path))
+    proc = cli(str(path), "--level", "O3", "-o", str(tmp_path / "o.onnx"), "--html", str(tmp_path / "r.html"))
+    assert proc.returncode == 0, proc.stderr
+    assert "mixed scales" in proc.stdout and "WARN" in proc.stdout
+    assert "warning: y: along axis 1, 4 of its 8 indices (4-7)" in proc.stdout
+    assert "id='warnings'" in (tmp_path / "r.html").read_text() and "along axis 1" in (tmp_path / "r.html").read_text()
+
+
+@pytest.mark.parametrize("name", ["resnet50", "bert", "detector", "vit"])
+def test_zoo_models_at_o2_have_no_mixed_scale_warning(name):
+    """No false alarm where no part of an output is small next to the rest
+    and off by much of its own range."""
+    reference = onnx.load(ZOO[name]["path"])
+    converted = convert(reference, level="O2")
+    result = validate(reference, converted.model, manifest_source(ZOO[name], reference), ValidationConfig(per_node=False))
+    assert result.passed
+    assert [w for o in result.outputs for w in o.warnings(result.tolerance)] == []
+
+
+def test_per_axis_maxima_are_kept_only_while_samples_share_a_shape():
+    stats = ErrorStats("y")
+    ref = np.array([[300.0, 0.5], [200.0, 0.4]], np.float32)
+    stats.update(ref, ref + np.float32([[0.1, 0.3], [0.1, 0.3]]))
+    assert stats.warnings(DEFAULT_TOLERANCES["fp16"]) != []
+    stats.update(np.ones((3, 2), np.float32), np.ones((3, 2), np.float32))  # (another shape: nothing per axis is kept)
+    assert stats.warnings(DEFAULT_TOLERANCES["fp16"]) == []
