@@ -304,7 +304,7 @@ PASS_THROUGH_OPS: dict[str, tuple[int, ...] | None] = {
 }  # fmt: skip
 # Of those, the ones that may hold a value of their own, passed on with the
 # data, in a float attribute: Pad before opset 11 pads with its ``value``
-# (an input, constant_value, from opset 11 on).
+# (an input, constant_value, from opset 11 on) in its constant mode.
 PASS_THROUGH_ATTRIBUTES: dict[str, str] = {"Pad": "value"}
 
 LEVELS = ("O0", "O1", "O2", "O3")

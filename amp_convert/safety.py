@@ -470,13 +470,18 @@ def held_constant(node: onnx.NodeProto) -> onnx.TensorProto | None:
     """The value a pass-through node holds itself and passes on with its
     data (see ``PASS_THROUGH_ATTRIBUTES``: Pad before opset 11 pads with its
     ``value`` attribute), as a tensor; None where it holds none, or zero
-    (which every dtype holds)."""
+    (which every dtype holds), or does not use it (a Pad whose mode is
+    reflect or edge pads with values of its data)."""
     attribute = PASS_THROUGH_ATTRIBUTES.get(node.op_type)
-    if attribute is not None:
-        for a in node.attribute:
-            if a.name == attribute and a.type == onnx.AttributeProto.FLOAT and a.f:
-                return numpy_helper.from_array(np.array(a.f, np.float32))
-    return None
+    if attribute is None:
+        return None
+    held = None
+    for a in node.attribute:
+        if a.name == "mode" and a.s != b"constant":
+            return None
+        if a.name == attribute and a.type == onnx.AttributeProto.FLOAT and a.f:
+            held = a.f
+    return None if held is None else numpy_helper.from_array(np.array(held, np.float32))
 
 
 def _held(ctx: GraphContext, i: int) -> tuple[str, str, onnx.TensorProto, str] | None:

@@ -672,6 +672,27 @@ def test_a_pad_before_opset_11_is_judged_on_the_value_it_pads_with():
     assert np.isfinite(run(emulation_twin(result.model), feeds)[0]).all()
 
 
+@pytest.mark.parametrize("mode", ["reflect", "edge"])
+def test_a_pad_before_opset_11_that_pads_with_its_data_holds_no_value(mode):
+    """In reflect and edge mode a Pad before opset 11 pads with values of
+    its data, not with its ``value`` attribute: a value of 1e5 there keeps
+    nothing fp32 at O2, and at O3 is neither clipped nor counted."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("Pad", ["h"], ["p"], name="pad", mode=mode, pads=[0, 1, 0, 1], value=1e5),
+        helper.make_node("Mul", ["p", "scale"], ["y"], name="mul"),
+    ]
+    inits = [init("W", w(4, 4)), init("scale", np.array(0.5, np.float32))]
+    m = model(nodes, [value("x", shape=(1, 4))], [value("y", shape=(1, 6))], inits, opset=10)
+    feeds = x_feed((1, 4))
+    out, plan = convert(m, level="O2")
+    assert plan.by_name("pad").precision is Precision.LOW and plan.by_name("mul").precision is Precision.LOW
+    assert close(run(m, feeds)[0], run(emulation_twin(out), feeds)[0])
+    result = convert(m, level="O3")
+    assert attr(next(n for n in result.model.graph.node if n.name == "pad"), "value") == 1e5
+    assert result.stats.clipped == {} and result.stats.attributes_rewritten == 0
+
+
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_safety_rule_judges_each_node_of_a_repeated_kind_on_its_own_constants(dtype):
     """Nodes of one kind reached by the same states share a worked-out
