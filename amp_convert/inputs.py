@@ -90,7 +90,8 @@ class InputSource:
         if self.dynamic:
             return (
                 f" (on generated inputs: the dynamic dimensions of {', '.join(self.dynamic)} were set to 1; "
-                "give real shapes with --input-shape NAME=DIMS, or samples with --inputs)"
+                "give real shapes with --input-shape NAME=DIMS (and value ranges with --input-range NAME=LOW:HIGH), "
+                "or samples with --inputs)"
             )
         return " (on generated random inputs: give value ranges with --input-range NAME=LOW:HIGH, or samples with --inputs)"
 
