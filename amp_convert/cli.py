@@ -767,17 +767,14 @@ def _calibration_samples(reference, kw: dict) -> tuple[Any, Iterator[dict]]:
     """--calibration's source and its samples, the first one read (and
     checked against the model) now: files that hold none are refused before
     any onnxruntime session is built or anything converted (else the
-    calibrated rule would be off without a word; validation's own check
-    says it of --inputs)."""
+    calibrated rule would be off without a word)."""
     from .inputs import make_source
 
     given = make_source(
         reference, kw["calibration"], kw["input_shape"], kw["input_range"], kw["samples"], kw["seed"], flag="--calibration"
     )
     samples = iter(given)
-    first = next(samples, None)
-    if first is None:
-        raise AmpError(f"no calibration samples in --calibration {', '.join(kw['calibration'])}")
+    first = next(samples)  # (files holding no sample are refused here: see InputSource)
     return given, chain([first], samples)
 
 

@@ -109,14 +109,24 @@ class InputSource:
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         if self.files:
-            for path in self.files:
-                origin = f"{self.flag} {path}"
-                for sample in _read_samples(path, origin):
-                    yield self.check(sample, origin)
+            yield from self._file_samples()
         else:
             rng = np.random.default_rng(self.seed)
             for _ in range(self.samples):
                 yield {s.name: self._random(s, rng) for s in self.specs}
+
+    def _file_samples(self) -> Iterator[dict[str, np.ndarray]]:
+        """The files' samples, checked; files that hold none (a Polygraphy ``[]``) are refused
+        naming the option and the files: a run over no sample would judge nothing."""
+        read = 0
+        for path in self.files:
+            origin = f"{self.flag} {path}"
+            for sample in _read_samples(path, origin):
+                read += 1
+                yield self.check(sample, origin)
+        if not read:
+            purpose = "calibration" if self.flag == "--calibration" else "validation"
+            raise AmpError(f"no {purpose} samples in {self.flag} {', '.join(map(str, self.files))}")
 
     def count(self) -> int | None:
         """Number of samples when known without reading the files."""

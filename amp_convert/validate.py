@@ -323,8 +323,6 @@ class Validator:
             samples += 1
             if progress:
                 progress(1)
-        if samples == 0:
-            raise AmpError("no validation samples")
         result = ValidationResult(
             self.provider,
             self.provider_note,

@@ -1080,6 +1080,16 @@ INPUT_FILE_ERRORS = {
         ["--calibration", "{tmp}/in.json"],
         "error: no calibration samples in --calibration {tmp}/in.json",
     ),
+    "inputs-without-samples": (  # (calibrated from them at O2: refused before anything is converted)
+        lambda tmp: _write(tmp, b"[]", "in.json"),
+        ["--inputs", "{tmp}/in.json"],
+        "error: no validation samples in --inputs {tmp}/in.json",
+    ),
+    "inputs-without-samples-at-o3": (  # (no calibration: refused by validation)
+        lambda tmp: _write(tmp, b"[]", "in.json"),
+        ["--inputs", "{tmp}/in.json", "--level", "O3"],
+        "error: no validation samples in --inputs {tmp}/in.json",
+    ),
     "calibration-folder-names-its-flag": (
         lambda tmp: (tmp / "calib").mkdir(),
         ["--calibration", "{tmp}/calib"],
