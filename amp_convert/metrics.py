@@ -54,6 +54,11 @@ ALL_ZEROS = "every value became 0"  # (how the all-zeros warning begins)
 # for axes of at most this many indices, outputs of at most this many values.
 AXIS_INDICES = 4096
 AXIS_ELEMENTS = 1 << 24
+# An index's largest value is a scale only over enough values (the other
+# axes' and the samples'): over one or two (a decoder step's logits, one
+# value per vocabulary index in each sample) it is the value itself, and a
+# logit that happens to lie near 0 is no part of another scale.
+AXIS_MIN_VALUES = 8
 
 
 class ErrorStats:
@@ -86,6 +91,7 @@ class ErrorStats:
         # Per axis of the output (see _update_axes): per index, the largest |ref| and |error|
         self._axes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._axes_shape: tuple[int, ...] | None = None  # the shape they are kept for (() once shapes differ)
+        self._axes_samples = 0  # the samples folded into them
 
     def update(self, ref: np.ndarray, cand: np.ndarray) -> None:
         ref, cand = np.asarray(ref), np.asarray(cand)
@@ -147,6 +153,7 @@ class ErrorStats:
             self._axes_shape, self._axes = (), {}
         if not self._axes_shape:
             return
+        self._axes_samples += 1
         abs_r, err = abs_r.reshape(shape), err.reshape(shape)
         for axis, n in enumerate(shape):
             if not 2 <= n <= AXIS_INDICES:
@@ -166,9 +173,13 @@ class ErrorStats:
         range and pass. Along the axis where it is worst, the part (indices)
         whose values stay within a tenth of the output's scale and are off
         by over a tenth of their own, past the tolerance at their own scale,
-        described; None where there is none."""
+        described; None where there is none. Only along axes whose indices
+        hold AXIS_MIN_VALUES values or more over the samples."""
         worst: tuple[float, int, np.ndarray] | None = None
+        size = math.prod(self._axes_shape or ())
         for axis, (scales, errors) in self._axes.items():
+            if size // len(scales) * self._axes_samples < AXIS_MIN_VALUES:
+                continue
             off = (scales * 10 <= self.max_abs_ref) & (errors > 0.1 * scales) & (errors > tol.atol + tol.rtol * scales)
             if off.any():
                 share = float((errors[off] / np.maximum(scales[off], 1e-30)).max())
