@@ -7,7 +7,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from pathlib import Path
@@ -77,21 +77,39 @@ def choose_provider(requested: str) -> tuple[str, str]:
     return ("cuda", why) if ok else ("cpu", why)
 
 
-def session(model: onnx.ModelProto, provider: str, base_dir: str | os.PathLike | None = None, plan_reuse: bool = True):
+# A twin's Casts of a tensor that is low in the model it emulates read a
+# float32 tensor there: they change nothing, and onnxruntime 1.31's
+# CastElimination, removing one that feeds a Mul by a Div(1, s) which
+# DivMulFusion turns into a Div, leaves that Div reading the removed Cast's
+# output ("Invalid model. Node input 'h_fp32' is not a graph input ..."): an
+# O1 RMSNorm, x * (1 / sqrt(...)) in fp32 behind a low x. A twin keeps them
+# (a copy each).
+TWIN_DISABLED_OPTIMIZERS = ("CastElimination",)
+
+
+def session(
+    model: onnx.ModelProto,
+    provider: str,
+    base_dir: str | os.PathLike | None = None,
+    plan_reuse: bool = True,
+    disabled_optimizers: Sequence[str] = (),
+):
     """An onnxruntime session. Models with external data (read from
     ``base_dir``) or over 2 GB go through a temporary folder, as onnxruntime
     reads those only from files. ``plan_reuse=False`` skips onnxruntime's
-    memory-reuse planning (see :func:`runnable`)."""
+    memory-reuse planning (see :func:`runnable`); ``disabled_optimizers``:
+    graph optimizations not to run (see TWIN_DISABLED_OPTIMIZERS)."""
     ort = _ort()
     providers = [_CUDA, _CPU] if provider == "cuda" else [_CPU]
     options = ort.SessionOptions()
     options.log_severity_level = 4
     options.enable_mem_reuse = plan_reuse
+    disabled = {"disabled_optimizers": list(disabled_optimizers)} if disabled_optimizers else {}
     try:
         if not has_external(model) and payload_bytes(model) < PROTOBUF_LIMIT:
-            return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+            return ort.InferenceSession(model.SerializeToString(), options, providers=providers, **disabled)
         with scratch_folder() as folder:
-            return ort.InferenceSession(str(_written(model, folder, base_dir)), options, providers=providers)
+            return ort.InferenceSession(str(_written(model, folder, base_dir)), options, providers=providers, **disabled)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AmpError(f"onnxruntime cannot load the model: {first}") from None
@@ -302,7 +320,13 @@ def runnable(
         # 860-node OCR model); a twin that exposes nothing (the auto search's
         # trials) runs without that plan, its arena still recycling buffers.
         # (With tensors exposed the plan pays for itself in run time.)
-        sess = session(exposed, provider, base_dir, plan_reuse=not (emulate and not tensors))
+        sess = session(
+            exposed,
+            provider,
+            base_dir,
+            plan_reuse=not (emulate and not tensors),
+            disabled_optimizers=TWIN_DISABLED_OPTIMIZERS if emulate else (),
+        )
         rounded = low_inputs(model) if emulate else None
         return Runnable(sess, emulate, note, input_dtypes(run_model), twin if emulate else None, aliases, rounded, role)
 

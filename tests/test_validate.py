@@ -974,3 +974,37 @@ def test_a_logit_near_zero_in_the_samples_is_no_part_of_another_scale():
     more = validate(m, out, make_source(m, samples=8), ValidationConfig(per_node=False))
     assert more.passed and more.outputs[0]._axes[2][0][7] > 0.1 * more.outputs[0].max_abs_ref
     assert more.outputs[0].warnings(more.tolerance) == []
+
+
+def _low_gain_over_fp32_scale() -> onnx.ModelProto:
+    """An RMSNorm's tail as exported: a gain on x (low at O1, behind a
+    MatMul) times 1 / s (fp32: s comes from an Exp), which O1 multiplies in
+    fp32 through a Cast of the gained x."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="proj"),
+        helper.make_node("Mul", ["h", "g"], ["hg"], name="gain"),
+        helper.make_node("Exp", ["x"], ["e"], name="exp"),
+        helper.make_node("Div", ["one", "e"], ["inv"], name="inv"),
+        helper.make_node("Mul", ["hg", "inv"], ["y"], name="scale"),
+    ]
+    w = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+    constants = [init("W", w), init("g", np.float32(0.5)), init("one", np.float32(1.0))]
+    return model(nodes, [value("x", shape=(2, 4))], [value("y", shape=(2, 4))], constants)
+
+
+def test_the_twin_of_a_cast_into_a_mul_by_a_reciprocal_loads(tmp_path):
+    """In the twin the Cast of the low hg to fp32 reads a float32 tensor:
+    onnxruntime's CastElimination removed it while DivMulFusion turned
+    hg_fp32 * (1 / e) into a Div reading hg_fp32, and the session refused
+    the twin ("Node input 'hg_fp32' is not a graph input ..."): validation
+    without the per-node diff (every trial of --level auto) failed, exit 2,
+    on a model that converts fine. The twin runs without that elimination."""
+    m = _low_gain_over_fp32_scale()
+    out = convert(m, level="O1").model
+    assert [n.input[0] for n in out.graph.node if n.op_type == "Cast"] == ["x", "hg"]
+    result = validate(m, out, make_source(m, samples=2), ValidationConfig(per_node=False))
+    assert result.passed and result.emulated
+    path = tmp_path / "rms.onnx"
+    onnx.save(m, str(path))
+    proc = cli(str(path), "--level", "auto", "--auto-from", "O1", "-o", str(tmp_path / "o.onnx"))
+    assert proc.returncode == 0, proc.stderr
