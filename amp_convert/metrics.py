@@ -190,13 +190,15 @@ class ErrorStats:
         share, axis, off = worst
         scales, errors = self._axes[axis]
         where = np.flatnonzero(off)
-        at = f"index {where[0]}" if len(where) == 1 else f"{len(where)} of its {len(off)} indices ({_index_ranges(where)})"
+        one = len(where) == 1
+        at = f"index {where[0]}" if one else f"{len(where)} of its {len(off)} indices ({_index_ranges(where)})"
+        reach, are, them, their = ("reaches", "is", "it", "its") if one else ("reach", "are", "them", "their")
         part = float(scales[off].max())
-        how = f"{share:.0%} of their own range" if part > 0 else "where fp32 is 0"
+        how = f"{share:.0%} of {their} own range" if part > 0 else "where fp32 is 0"
         return (
-            f"along axis {axis}, {at} reach at most {part:.3g} in fp32 (the output {self.max_abs_ref:.3g}, the scale "
-            f"it is judged at) and are off by up to {float(errors[off].max()):.3g}, {how}: give a lower --rtol to "
-            "judge them at their own scale, or validate them as an output of their own"
+            f"along axis {axis}, {at} {reach} at most {part:.3g} in fp32 (the output {self.max_abs_ref:.3g}, the scale "
+            f"it is judged at) and {are} off by up to {float(errors[off].max()):.3g}, {how}: give a lower --rtol to "
+            f"judge {them} at {their} own scale, or validate {them} as an output of {their} own"
         )
 
     def _update_rms(self, ref: np.ndarray, cand: np.ndarray) -> None:

@@ -944,6 +944,18 @@ def test_per_axis_maxima_are_kept_only_while_samples_share_a_shape():
     assert stats.warnings(DEFAULT_TOLERANCES["fp16"]) == []
 
 
+def test_a_part_of_one_index_is_named_in_the_singular():
+    stats = ErrorStats("y")
+    ref = np.tile(np.float32([[300.0, 0.5], [200.0, 0.4]]), (4, 1))
+    stats.update(ref, ref + np.float32([0.1, 0.3]))
+    [warning] = stats.warnings(DEFAULT_TOLERANCES["fp16"])
+    assert warning.startswith("along axis 1, index 1 reaches at most 0.5 in fp32 (the output 300, the scale it is judged at)")
+    assert warning.endswith(
+        "and is off by up to 0.3, 60% of its own range: give a lower --rtol to judge it at its own scale, "
+        "or validate it as an output of its own"
+    )
+
+
 def _decoder_step(lm_head: np.ndarray) -> onnx.ModelProto:
     """A decoder's step with past key/values reduced to its head: one
     token's hidden state [1, 1, 32] into logits over 64 tokens."""
