@@ -324,7 +324,8 @@ def auto_convert(
     if search.best is None:
         fp32 = replace(options, level="O0", only_white_list=None, only_black_list=None)  # (O0 takes no list)
         fallback = convert(reference, fp32.validated(), check=check, external_dir=external_dir)
-        fallback.plan.notes.append(f"auto: no assignment met the tolerance in {len(search.trials)} trials; the model stays fp32")
+        tried = f"{len(search.trials)} trial{'' if len(search.trials) == 1 else 's'}"
+        fallback.plan.notes.append(f"auto: no assignment met the tolerance in {tried}; the model stays fp32")
         return AutoResult(fallback, None, search.trials, start, time.perf_counter() - began, chosen=0)
     _, result, validation, number = search.best
     if config.per_node is not False and not validation.nodes:

@@ -686,9 +686,8 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         if clipping:
             click.echo(clipping)
         c = report["plan"]["counts"]
-        level = (
-            f"auto ({len(searched.trials)} trials, {searched.low_compute:.1%} of compute low)" if searched else result.plan.level
-        )
+        tried = f"{len(searched.trials)} trial{'' if len(searched.trials) == 1 else 's'}" if searched else ""
+        level = f"auto ({tried}, {searched.low_compute:.1%} of compute low)" if searched else result.plan.level
         click.echo(
             f"{model} -> {output if write else '(not written: out of tolerance; --write-on-fail writes it)'}: "
             f"{level} {options.dtype}, "

@@ -407,6 +407,23 @@ def test_auto_cli_writes_the_fp32_model_and_reports_it_when_no_trial_passes(tmp_
     assert onnx.TensorProto.FLOAT16 not in {t.data_type for t in onnx.load(str(out)).graph.initializer}
 
 
+def test_auto_counts_one_trial_in_the_singular(tmp_path):
+    """A model whose first trial passes (a MatMul at O3), and one whose only
+    trial (--max-trials 1) fails for want of any error at all."""
+    source = tmp_path / "matmul.onnx"
+    w = init("W", np.eye(4, dtype=np.float32))
+    onnx.save(model([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], [value("x")], [value("y")], [w]), str(source))
+    proc = cli(str(source), "--level", "auto", "-o", str(tmp_path / "a.onnx"))
+    assert proc.returncode == 0, proc.stderr
+    assert ": auto (1 trial, 100.0% of compute low) fp16," in proc.stdout
+    lstm = tmp_path / "lstm.onnx"
+    onnx.save(onnx.load(ZOO["lstm"]["path"]), str(lstm))
+    plan = tmp_path / "plan.json"
+    proc = cli(str(lstm), "--level", "auto", "--atol", "0", "--rtol", "0", "--max-trials", "1", "--plan-json", str(plan))
+    assert proc.returncode == 0, proc.stderr
+    assert "auto: no assignment met the tolerance in 1 trial; the model stays fp32" in json.loads(plan.read_text())["notes"]
+
+
 @pytest.mark.parametrize(
     ("only", "auto_from", "start"),
     [("--only-black-list=LSTM", "O2", "O2"), ("--only-white-list=MatMul", "O1", "O1"), ("--only-white-list=MatMul", None, "O1")],
