@@ -267,17 +267,19 @@ class ErrorStats:
             }
         return every if only is None else {k: ok for k, ok in every.items() if k in only}
 
-    def warnings(self, tol: Tolerance | None = None) -> list[str]:
+    def warnings(self, tol: Tolerance | None = None, only: tuple[str, ...] | None = None) -> list[str]:
         """What passes the tolerance but a person should still see (``tol``:
-        the tolerance judged, which the mixed-scale warning needs)."""
-        if self.kind == "exact":
+        the tolerance judged, which the mixed-scale warning needs; ``only``:
+        its checks judged). An output that fails it has its failures, no
+        warning (an all-zeros one says it passes)."""
+        if self.kind == "exact" or (tol is not None and self.verdict(tol, only)):
             return []
         if self.sum_sq_ref > 0 and self.sum_sq_cand == 0:
             return [
                 f"{ALL_ZEROS} (fp32 reaches {self.max_abs_ref:.3g}); it passes only because the whole "
                 "output is within --atol of 0: lower --atol to judge it"
             ]
-        mixed = self._mixed_scales(tol) if tol is not None and not self.verdict(tol) else None
+        mixed = self._mixed_scales(tol) if tol is not None else None
         return [mixed] if mixed else []
 
     def verdict(self, tol: Tolerance, only: tuple[str, ...] | None = None) -> list[str]:
@@ -327,7 +329,7 @@ class ErrorStats:
             d["failures"] = failures
             d["checks"] = self.checks(tol, only)
             d["limit_abs_err"] = tol.atol + tol.rtol * self.max_abs_ref
-        d["warnings"] = self.warnings(tol)
+        d["warnings"] = self.warnings(tol, only)
         return d
 
 

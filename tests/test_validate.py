@@ -431,6 +431,29 @@ def test_output_wiped_out_to_zeros_is_flagged_and_fails_a_tight_atol():
         m, out, make_source(m, samples=2), ValidationConfig(tolerance=Tolerance(atol=1e-12, rtol=1e-2, min_cosine=0.999))
     )
     assert not strict.passed
+    assert strict.outputs[0].as_dict(strict.tolerance)["warnings"] == []  # (it does not pass: its failures say why)
+
+
+def test_an_output_wiped_out_to_zeros_that_fails_is_not_said_to_pass(tmp_path):
+    """x * 1e-8 * 1e8: at O3 fp16 flushes 1e-8 to 0, and the output, x in
+    fp32 (1 to 2), becomes all zeros and fails. The report gave it the
+    all-zeros warning too: a WARN row "within --atol" and "it passes only
+    because the whole output is within --atol of 0", beside its FAIL rows."""
+    nodes = [
+        helper.make_node("Mul", ["x", "tiny"], ["h"], name="down"),
+        helper.make_node("Mul", ["h", "huge"], ["y"], name="up"),
+    ]
+    constants = [init("tiny", np.float32(1e-8)), init("huge", np.float32(1e8))]
+    m = model(nodes, [value("x", shape=(2, 8))], [value("y", shape=(2, 8))], constants)
+    source = tmp_path / "wipe.onnx"
+    onnx.save(m, str(source))
+    report = tmp_path / "r.json"
+    proc = cli(str(source), "--level", "O3", "--input-range", "x=1:2", "-o", str(tmp_path / "o.onnx"), "--report", str(report))
+    assert proc.returncode == 1, proc.stderr
+    [out] = json.loads(report.read_text())["validation"]["outputs"]
+    assert out["cand_nan"] + out["cand_inf"] == 0 and out["max_abs_err"] == out["max_abs_ref"] > 1
+    assert not out["passed"] and out["warnings"] == []
+    assert "all zeros" not in proc.stdout and "passes only because" not in proc.stdout
 
 
 def test_new_nan_or_inf_counts_every_change_of_kind():
