@@ -289,8 +289,10 @@ class AutoSearch:
 
 
 # fp32 decisions the search may overturn: list, level and safety choices,
-# never the schema's or the user's.
-_GROWABLE = frozenset({"black-list", "level", "follow", "safety-initializer-range", "safety-data-range", "source"})
+# never the schema's or the user's. Not a source's ("source": its readers
+# need fp32): it follows them as they grow, and forced low alone it runs
+# nothing low, only adds a Cast back to fp32 (a Resize's scales).
+_GROWABLE = frozenset({"black-list", "level", "follow", "safety-initializer-range", "safety-data-range"})
 
 
 def _worst_low_nodes(plan: Plan, validation: ValidationResult, exclude: set[str]) -> list[str]:

@@ -407,6 +407,28 @@ def test_auto_cli_writes_the_fp32_model_and_reports_it_when_no_trial_passes(tmp_
     assert onnx.TensorProto.FLOAT16 not in {t.data_type for t in onnx.load(str(out)).graph.initializer}
 
 
+def test_auto_grows_no_source_whose_readers_need_fp32():
+    """A source takes the precision its readers need: growing from O1, the
+    search forced the Constant of a Resize's scales (fp32 by the schema)
+    low as well, which ran nothing low, stored the scales fp16 with a Cast
+    back, and counted its elements as compute run low, so that the trial
+    with the pointless Cast won. Forcing the Resize low is what the search
+    is for; its scales stay fp32, with no Cast."""
+    scales = onnx.numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32))
+    nodes = [
+        helper.make_node("Constant", [], ["scales"], name="scales", value=scales),
+        helper.make_node("Resize", ["x", "", "scales"], ["y"], name="up", mode="nearest"),
+    ]
+    reference = model(nodes, [value("x", shape=(1, 1, 4, 4))], [value("y", shape=(1, 1, 8, 8))])
+    source = make_source(reference, samples=2)
+    searched = _auto("resize", reference, source, start="O1")
+    plan = {e.name: e for e in searched.conversion.plan}
+    assert plan["up"].precision is Precision.LOW and plan["scales"].precision is Precision.FP32
+    assert all(t.forced_low != ("up", "scales") for t in searched.trials)
+    casts = [n for n in searched.conversion.model.graph.node if n.op_type == "Cast"]
+    assert [n.input[0] for n in casts] == ["x", "y_fp16"]
+
+
 def test_auto_counts_one_trial_in_the_singular(tmp_path):
     """A model whose first trial passes (a MatMul at O3), and one whose only
     trial (--max-trials 1) fails for want of any error at all."""
