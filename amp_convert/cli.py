@@ -685,6 +685,8 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         clipping = clipping_summary(report)
         if clipping:
             click.echo(clipping)
+        for hint in result.plan.hints:
+            click.echo(f"hint: {hint}")
         c = report["plan"]["counts"]
         tried = f"{len(searched.trials)} trial{'' if len(searched.trials) == 1 else 's'}" if searched else ""
         level = f"auto ({tried}, {searched.low_compute:.1%} of compute low)" if searched else result.plan.level

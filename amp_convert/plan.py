@@ -201,6 +201,7 @@ class Plan:
     profile: str
     entries: dict[str, GraphEntries] = field(default_factory=dict)  # graph path -> entries by index
     notes: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)  # notes that say what to do, shown beside the command's summary
 
     def __post_init__(self) -> None:
         for path, entries in self.entries.items():  # (lists of entries given by hand)
@@ -391,8 +392,10 @@ class Planner:
 
     def run(self, ctx: GraphContext) -> Plan:
         self._plan_graph(ctx)
-        if self._admitted_later:
-            self.plan.notes.append(self._upgrade_note())
+        if self._admitted_later:  # (a bf16 plan keeping its Convs fp32 says so where a summary line is read)
+            note = self._upgrade_note()
+            self.plan.notes.append(note)
+            self.plan.hints.append(note)
         return self.plan
 
     def _upgrade_note(self) -> str:

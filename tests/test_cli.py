@@ -497,3 +497,17 @@ def test_compare_names_the_candidate_that_fails_where_the_reference_runs(tmp_pat
     assert main(["compare", str(reference), str(candidate), "-q"]) == 2
     err = capsys.readouterr().err
     assert f"{candidate} fails to run where {reference} runs" in err
+
+
+def test_a_bf16_plan_that_keeps_convs_fp32_for_the_opset_says_so_beside_the_summary(resnet, tmp_path):
+    """Below opset 22 the schemas admit no bf16 Conv: the summary line alone
+    (14 of 53 nodes low) does not say why or what to do; a hint line does,
+    and goes once the model is upgraded."""
+    old = cli(str(resnet), "--dtype", "bf16", "--no-validate", "-o", str(tmp_path / "a.onnx"))
+    assert old.returncode == 0, old.stderr
+    [hint] = [line for line in old.stdout.splitlines() if line.startswith("hint: ")]
+    assert "Conv" in hint and "opset 17" in hint and "--target-opset 22" in hint
+    new = cli(str(resnet), "--dtype", "bf16", "--no-validate", "--target-opset", "22", "-o", str(tmp_path / "b.onnx"))
+    assert new.returncode == 0, new.stderr
+    assert "hint: " not in new.stdout
+    assert "hint: " not in cli(str(resnet), "--dtype", "bf16", "--no-validate", "-q", "-o", str(tmp_path / "c.onnx")).stdout
