@@ -24,7 +24,7 @@ import click
 
 from . import __version__
 from .emulate import EMULATE_MODES
-from .errors import AmpError, ConversionError, RunFailure
+from .errors import AmpError, ConversionError, LoadFailure, RunFailure
 from .external import PROTOBUF_LIMIT
 from .lists import LEVELS, PROFILES
 from .load import remember_inputs
@@ -748,20 +748,25 @@ def _only_list(values: tuple[str, ...]) -> tuple[str, ...] | None:
 
 @contextlib.contextmanager
 def _run_failures(source, names: tuple[str, str] | None = None) -> Iterator[None]:
-    """A model onnxruntime could not run on the samples of ``source``,
-    named, with what to try where the samples may be to blame (exit 2).
-    ``names``: what to call the reference and the candidate (compare's
-    files); None in convert, whose candidate is the converted model: its
-    failure where the input model ran is the conversion's (exit 3)."""
+    """A model onnxruntime could not load, or run on the samples of
+    ``source``, named, with what to try where the samples may be to blame
+    (exit 2). ``names``: what to call the reference and the candidate
+    (compare's files); None in convert, whose candidate is the converted
+    model (as validation runs it: exposed, or its emulation twin): its
+    failure where the input model loaded and ran is the conversion's (exit 3)."""
     try:
         yield
-    except RunFailure as e:
+    except (RunFailure, LoadFailure) as e:
+        if e.role is None:
+            raise
         reference, candidate = names or ("the input model", "the converted model")
+        loading = isinstance(e, LoadFailure)
+        failed = "cannot be loaded by onnxruntime" if loading else "fails to run"
         if e.role == "reference":
-            raise AmpError(f"{reference} fails to run{source.failure_hint()}: {e.detail}") from None
+            raise AmpError(f"{reference} {failed}{'' if loading else source.failure_hint()}: {e.detail}") from None
         if names is None:
-            raise ConversionError(f"{candidate} fails to run where the input model runs: {e.detail}") from None
-        raise AmpError(f"{candidate} fails to run where {reference} runs: {e.detail}") from None
+            raise ConversionError(f"{candidate} {failed} where the input model runs: {e.detail}") from None
+        raise AmpError(f"{candidate} {failed} where {reference} runs: {e.detail}") from None
 
 
 def _calibration_samples(reference, kw: dict) -> tuple[Any, Iterator[dict]]:

@@ -25,3 +25,12 @@ class RunFailure(AmpError):
     def __init__(self, detail: str, role: str) -> None:
         super().__init__(f"onnxruntime failed to run the model: {detail}")
         self.detail, self.role = detail, role
+
+
+class LoadFailure(AmpError):
+    """onnxruntime could not load a model. ``role``, where a validation run
+    set it, says which model, as for :class:`RunFailure`."""
+
+    def __init__(self, detail: str, role: str | None = None) -> None:
+        super().__init__(f"onnxruntime cannot load the model: {detail}")
+        self.detail, self.role = detail, role

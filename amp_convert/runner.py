@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 
 from .dtypes import FLOAT_TYPES
 from .emulate import LOW_TYPES, decide_emulation, emulation_twin, low_inputs, low_io
-from .errors import AmpError, RunFailure
+from .errors import AmpError, LoadFailure, RunFailure
 from .external import PROTOBUF_LIMIT, has_external, payload_bytes, write_with_external_data
 from .metrics import is_float
 from .opset import min_ir_for_opset
@@ -112,7 +112,7 @@ def session(
             return ort.InferenceSession(str(_written(model, folder, base_dir)), options, providers=providers, **disabled)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise AmpError(f"onnxruntime cannot load the model: {first}") from None
+        raise LoadFailure(first) from None
 
 
 _LOAD_IN_CHILD = """
@@ -320,13 +320,16 @@ def runnable(
         # 860-node OCR model); a twin that exposes nothing (the auto search's
         # trials) runs without that plan, its arena still recycling buffers.
         # (With tensors exposed the plan pays for itself in run time.)
-        sess = session(
-            exposed,
-            provider,
-            base_dir,
-            plan_reuse=not (emulate and not tensors),
-            disabled_optimizers=TWIN_DISABLED_OPTIMIZERS if emulate else (),
-        )
+        try:
+            sess = session(
+                exposed,
+                provider,
+                base_dir,
+                plan_reuse=not (emulate and not tensors),
+                disabled_optimizers=TWIN_DISABLED_OPTIMIZERS if emulate else (),
+            )
+        except LoadFailure as e:
+            raise LoadFailure(e.detail, role) from None
         rounded = low_inputs(model) if emulate else None
         return Runnable(sess, emulate, note, input_dtypes(run_model), twin if emulate else None, aliases, rounded, role)
 

@@ -511,3 +511,20 @@ def test_a_bf16_plan_that_keeps_convs_fp32_for_the_opset_says_so_beside_the_summ
     assert new.returncode == 0, new.stderr
     assert "hint: " not in new.stdout
     assert "hint: " not in cli(str(resnet), "--dtype", "bf16", "--no-validate", "-q", "-o", str(tmp_path / "c.onnx")).stdout
+
+
+def test_a_model_onnxruntime_cannot_load_is_named_as_the_input_or_the_compared_file(tmp_path, capsys):
+    """An input of an IR version newer than onnxruntime reads: validation
+    names the input model as the one onnxruntime cannot load (exit 2, no
+    samples to blame); compare names the file."""
+    path = _reshape_model(tmp_path / "m.onnx", (8, 4), [2, 4, 4])
+    newer = onnx.load(str(path))
+    newer.ir_version = 14  # (onnx 1.23 writes it; onnxruntime 1.31 reads up to 13)
+    onnx.save(newer, str(tmp_path / "newer.onnx"))
+    assert main([str(tmp_path / "newer.onnx"), "-o", str(tmp_path / "o.onnx"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "the input model cannot be loaded by onnxruntime: " in err and "generated" not in err
+    assert not (tmp_path / "o.onnx").exists()
+    assert main(["compare", str(path), str(tmp_path / "newer.onnx"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'newer.onnx'} cannot be loaded by onnxruntime where {path} runs" in err
