@@ -93,7 +93,7 @@ def calibrate(
         values.update({k: v for k, v in feeds.items() if k in ctx.input_set})
         for name in names:
             array = values.get(name)
-            if array is None or array.size == 0:
+            if not isinstance(array, np.ndarray) or array.size == 0:  # (a sparse Constant's output is a SparseTensor)
                 continue
             low, high = float(array.min()), float(array.max())
             if not (math.isfinite(low) and math.isfinite(high)):  # (a NaN or Inf: range of the finite values)

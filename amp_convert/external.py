@@ -96,6 +96,19 @@ def inline_retyped(model: onnx.ModelProto, base_dir: str | os.PathLike) -> None:
             tensor.raw_data = data
 
 
+def load_external_values(model: onnx.ModelProto, base_dir: str | os.PathLike) -> None:
+    """Read every external tensor of ``model`` (see :func:`all_tensors`) into
+    it. onnx's ``load_external_data_for_model`` leaves the values and indices
+    of sparse tensors in their files."""
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    for tensor in all_tensors(model.graph):
+        if is_external(tensor):
+            load_external_data_for_tensor(tensor, str(base_dir))
+            del tensor.external_data[:]
+            tensor.data_location = onnx.TensorProto.DEFAULT
+
+
 def all_initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     """Initializers of a graph and of all its subgraphs."""
     yield from graph.initializer
@@ -106,9 +119,12 @@ def all_initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
 
 
 def all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    """Initializers and tensor attributes (Constant values ...), subgraphs
-    included: every tensor that can hold external data."""
+    """Initializers, the values and indices of sparse ones, and tensor
+    attributes (Constant values, sparse ones included), subgraphs included:
+    every tensor that can hold external data."""
     yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield from (sparse.values, sparse.indices)
     for node in graph.node:
         if node.op_type in GRAPH_OPS or node.domain not in ("", "ai.onnx") or node.op_type in _TENSOR_ATTRIBUTE_OPS:
             for a in node.attribute:
@@ -116,6 +132,11 @@ def all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
                     yield a.t
                 elif a.type == onnx.AttributeProto.TENSORS:
                     yield from a.tensors
+                elif a.type == onnx.AttributeProto.SPARSE_TENSOR:
+                    yield from (a.sparse_tensor.values, a.sparse_tensor.indices)
+                elif a.type == onnx.AttributeProto.SPARSE_TENSORS:
+                    for sparse in a.sparse_tensors:
+                        yield from (sparse.values, sparse.indices)
                 elif a.type == onnx.AttributeProto.GRAPH:
                     yield from all_tensors(a.g)
                 elif a.type == onnx.AttributeProto.GRAPHS:

@@ -28,7 +28,7 @@ import onnx.defs
 import onnx.shape_inference
 
 from .errors import AmpError
-from .external import all_tensors, element_count, external_info
+from .external import all_tensors, element_count, external_info, load_external_values
 from .schema import model_opsets
 
 MIN_IR_VERSION = 3
@@ -637,11 +637,15 @@ _SUB_BYTE = _PACKED_4BIT | _types("INT2", "UINT2", "FLOAT6E2M3", "FLOAT6E3M2")
 
 
 def _function_external_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    """Tensor attributes of the model's local functions whose data is in external files."""
+    """Tensor attributes of the model's local functions (sparse ones' values
+    and indices too) whose data is in external files."""
     for function in model.functions:
         for node in function.node:
             for attr in node.attribute:
-                for tensor in (attr.t,) if attr.type == onnx.AttributeProto.TENSOR else attr.tensors:
+                tensors = [attr.t] if attr.type == onnx.AttributeProto.TENSOR else list(attr.tensors)
+                sparse = [attr.sparse_tensor] if attr.type == onnx.AttributeProto.SPARSE_TENSOR else attr.sparse_tensors
+                tensors += [t for s in sparse for t in (s.values, s.indices)]
+                for tensor in tensors:
                     if tensor.data_location == onnx.TensorProto.EXTERNAL:
                         yield tensor
 
@@ -663,10 +667,8 @@ def _inline_external(tensors: list[onnx.TensorProto], label: Path) -> None:
 
 
 def _load_external_data(model: onnx.ModelProto, tensors: list[onnx.TensorProto], label: Path) -> None:
-    from onnx.external_data_helper import load_external_data_for_model
-
     try:
-        load_external_data_for_model(model, str(label.parent))
+        load_external_values(model, label.parent)
     except (OSError, ValueError, RuntimeError) as e:
         raise AmpError(f"{label}: cannot read the external data ({_detail(e)})") from None
     _check_read_lengths(tensors, label)

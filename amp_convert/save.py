@@ -21,10 +21,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import onnx
-from onnx.external_data_helper import load_external_data_for_model
 
 from .errors import AmpError
-from .external import PROTOBUF_LIMIT, Payload, inline_retyped, payload, write_with_external_data
+from .external import PROTOBUF_LIMIT, Payload, inline_retyped, load_external_values, payload, write_with_external_data
 from .load import is_input_file
 
 _CAUGHT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
@@ -251,7 +250,7 @@ def save_model(
         measured = measured or payload(model)
         if measured.has_external:
             inline_retyped(model, source or target.parent)
-            load_external_data_for_model(model, str(source or target.parent))
+            load_external_values(model, source or target.parent)
         if measured.total > PROTOBUF_LIMIT:
             raise AmpError(
                 f"{path}: the converted model is over 2 GiB, more than a single .onnx file can hold; "

@@ -374,3 +374,83 @@ def test_an_upgrade_that_would_read_resize_scales_from_external_data_says_so(tmp
     proc = cli(str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out.onnx"), "--no-validate", "--target-opset", "13")
     assert proc.returncode == 2 and "'up'" in proc.stderr and "its scales are in external data" in proc.stderr
     assert not (tmp_path / "out.onnx").exists()
+
+
+def _sparse_constant_model(folder: Path, values_location: str | None) -> tuple[Path, np.ndarray]:
+    """x @ S @ W: S a Constant's sparse_value (300 of 64x64); its values in
+    the file ``values_location`` (None: inline); W in ``w.bin``."""
+    n = 64
+    dense = np.zeros((n, n), np.float32)
+    where = np.sort(RNG.choice(n * n, 300, replace=False))
+    dense.flat[where] = RNG.standard_normal(300).astype(np.float32)
+    values = numpy_helper.from_array(dense.flat[where].astype(np.float32), "S")
+    sparse = helper.make_sparse_tensor(values, numpy_helper.from_array(where.astype(np.int64), "S_idx"), [n, n])
+    if values_location is not None:
+        (folder / values_location).write_bytes(values.raw_data)
+        values = sparse.values
+        values.ClearField("raw_data")
+        values.data_location = onnx.TensorProto.EXTERNAL
+        entry = values.external_data.add()
+        entry.key, entry.value = "location", values_location
+    nodes = [
+        helper.make_node("Constant", [], ["S"], name="s", sparse_value=sparse),
+        helper.make_node("MatMul", ["x", "S"], ["h"], name="mm1"),
+        helper.make_node("MatMul", ["h", "W"], ["y"], name="mm2"),
+    ]
+    weight = (RNG.standard_normal((n, n)) * 0.2).astype(np.float32)
+    graph = helper.make_graph(nodes, "g", [value("x", shape=(4, n))], [value("y", shape=(4, n))], [init("W", weight)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    path = folder / "m.onnx"
+    onnx.save(m, str(path), save_as_external_data=True, location="w.bin", size_threshold=1024)
+    return path, dense
+
+
+@pytest.mark.parametrize("how", [[], ["--external-data", "never", "--no-validate"]])
+def test_a_sparse_constants_external_values_are_carried_to_the_output(how, tmp_path):
+    """A Constant's sparse_value whose values are in external data: a valid
+    model (full checker, onnxruntime). Its values are checked, copied into
+    the output's data file (or read in with --external-data never) like any
+    tensor; the output, in another folder, no longer points at the input's
+    file (it did: onnxruntime could not load the validation copy, exit 2,
+    and --no-validate wrote nothing, exit 3)."""
+    (tmp_path / "in").mkdir()
+    src, _ = _sparse_constant_model(tmp_path / "in", "sv.bin")
+    onnx.checker.check_model(str(src), full_check=True)
+    before = {p.name: p.read_bytes() for p in src.parent.iterdir()}
+    out = tmp_path / "out" / "o.onnx"
+    out.parent.mkdir()
+    proc = cli(str(src), "-o", str(out), "-q", *how)
+    assert proc.returncode == 0, proc.stderr
+    assert {p.name: p.read_bytes() for p in src.parent.iterdir()} == before
+    written = onnx.load(str(out), load_external_data=False).graph.node
+    (values,) = [a.sparse_tensor.values for n in written for a in n.attribute if a.name == "sparse_value"]
+    assert [e.value for e in values.external_data if e.key == "location"] == ([] if how else ["o.onnx.data"])
+    onnx.checker.check_model(str(out), full_check=True)
+    x = RNG.standard_normal((4, 64)).astype(np.float32)
+    ref, got = run_path(src, x), run_path(out, x)
+    assert np.max(np.abs(ref - got)) <= 1e-2 * np.max(np.abs(ref)) + 1e-3
+
+
+def test_a_sparse_constants_values_outside_the_models_folder_are_refused(tmp_path):
+    (tmp_path / "in").mkdir()
+    src, _ = _sparse_constant_model(tmp_path / "in", "sv.bin")
+    (tmp_path / "sv.bin").write_bytes((tmp_path / "in" / "sv.bin").read_bytes())
+    m = onnx.load(str(src), load_external_data=False)
+    m.graph.node[0].attribute[0].sparse_tensor.values.external_data[0].value = "../sv.bin"
+    onnx.save(m, str(src))
+    proc = cli(str(src), "-o", str(tmp_path / "o.onnx"), "--no-validate", "--check", "none")
+    assert proc.returncode == 2 and "points outside the model's folder" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_a_sparse_constant_is_calibrated_and_validated(tmp_path):
+    """onnxruntime returns a sparse Constant's output as a SparseTensor, not
+    an array: calibration skips it (it stopped with an internal error, exit 3)."""
+    src, _ = _sparse_constant_model(tmp_path, None)
+    proc = cli(str(src), "-o", str(tmp_path / "o.onnx"), "-q")
+    assert proc.returncode == 0, proc.stderr
+    x = RNG.standard_normal((4, 64)).astype(np.float32)
+    ref, got = run_path(src, x), run_path(tmp_path / "o.onnx", x)
+    assert np.max(np.abs(ref - got)) <= 1e-2 * np.max(np.abs(ref)) + 1e-3
