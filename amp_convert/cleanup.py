@@ -9,12 +9,11 @@ from __future__ import annotations
 from collections import ChainMap
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 
 import onnx
 from onnx import TensorProto
 
-from .graph import GRAPH_OPS, GraphContext, build_context, cast_to, node_subgraphs
+from .graph import GRAPH_OPS, GraphContext, build_context, cast_to, node_subgraphs, sort_nodes
 from .schema import is_default_domain, model_opsets
 from .typeinfo import infer_types
 
@@ -240,8 +239,7 @@ def _delete_nodes(graph: onnx.GraphProto, positions: list[int]) -> None:
             del container[k]
         return
     gone = set(positions)
-    # (the container asks each node's key once, in list order: see rewrite._place)
-    container.sort(key=partial(next, iter([k in gone for k in range(len(container))])))
+    sort_nodes(container, [k in gone for k in range(len(container))])
     del container[len(container) - len(positions) :]
 
 

@@ -24,7 +24,7 @@ import click
 
 from . import __version__
 from .emulate import EMULATE_MODES
-from .errors import AmpError, ConversionError, LoadFailure, RunFailure
+from .errors import AmpError, ConversionError, LoadFailure, ModelFailure
 from .external import PROTOBUF_LIMIT
 from .lists import LEVELS, PROFILES
 from .load import remember_inputs
@@ -756,7 +756,7 @@ def _run_failures(source, names: tuple[str, str] | None = None) -> Iterator[None
     failure where the input model loaded and ran is the conversion's (exit 3)."""
     try:
         yield
-    except (RunFailure, LoadFailure) as e:
+    except ModelFailure as e:
         if e.role is None:
             raise
         reference, candidate = names or ("the input model", "the converted model")

@@ -16,21 +16,27 @@ class ConversionError(Exception):
     unsupported construct): reported as one line with exit code 3."""
 
 
-class RunFailure(AmpError):
-    """onnxruntime failed to run a model on a sample. ``role`` says which
-    model ("reference": the one compared against, "candidate": the one
-    judged): the command that knows what each is and where the samples
-    came from says so (see :func:`amp_convert.cli.convert_command`)."""
+class ModelFailure(AmpError):
+    """onnxruntime failed on a model (``detail``: its first line). ``role``
+    says which model, where validation set it ("reference": the one compared
+    against, "candidate": the one judged): the command that knows what each
+    is, and where the samples came from, says so (see
+    :func:`amp_convert.cli.convert_command`)."""
 
-    def __init__(self, detail: str, role: str) -> None:
-        super().__init__(f"onnxruntime failed to run the model: {detail}")
-        self.detail, self.role = detail, role
-
-
-class LoadFailure(AmpError):
-    """onnxruntime could not load a model. ``role``, where a validation run
-    set it, says which model, as for :class:`RunFailure`."""
+    failed = "failed on the model"
 
     def __init__(self, detail: str, role: str | None = None) -> None:
-        super().__init__(f"onnxruntime cannot load the model: {detail}")
+        super().__init__(f"onnxruntime {self.failed}: {detail}")
         self.detail, self.role = detail, role
+
+
+class RunFailure(ModelFailure):
+    """onnxruntime failed to run a model on a sample."""
+
+    failed = "failed to run the model"
+
+
+class LoadFailure(ModelFailure):
+    """onnxruntime could not load a model."""
+
+    failed = "cannot load the model"

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Iterator, Set
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import chain, repeat
+from typing import Any
 
 import numpy as np
 import onnx
@@ -202,6 +204,10 @@ class SlotTable:
     node: np.ndarray
     slot: np.ndarray
     counts: np.ndarray  # slots per node
+
+    def starts(self) -> np.ndarray:
+        """Per node, the position of its first slot."""
+        return np.cumsum(self.counts) - self.counts
 
 
 @dataclass(frozen=True)
@@ -494,6 +500,15 @@ def name_in_use(root: GraphContext) -> Callable[[str], bool]:
         producer, initializers, inputs, outputs, nodes = graphs[0]
         return lambda name: name in producer or name in initializers or name in inputs or name in outputs or name in nodes
     return lambda name: any(name in names for graph in graphs for names in graph)
+
+
+def sort_nodes(container: Any, keys: list) -> None:
+    """Sort a graph's node list (a protobuf repeated field) in place by
+    ``keys``, one per node in list order (stable): the nodes are moved, not
+    copied. The container sorts a list of its nodes, each node's key asked
+    for once and in list order (CPython's list.sort): the keys are handed
+    out by a C callable, ``next(keys, node)``, not a Python function per node."""
+    container.sort(key=partial(next, iter(keys)))
 
 
 class NameGenerator:

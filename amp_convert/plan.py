@@ -878,7 +878,7 @@ def _slot_codes(table: SlotTable, t: np.ndarray) -> tuple[np.ndarray, np.ndarray
     coded = table.slot < _CODED_SLOTS
     values = np.where(coded, kind << (2 * np.minimum(table.slot, _CODED_SLOTS - 1)), 0)
     filled = table.counts > 0
-    codes[filled] = np.add.reduceat(values, (np.cumsum(table.counts) - table.counts)[filled])
+    codes[filled] = np.add.reduceat(values, table.starts()[filled])
     return codes, odd
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import partial
 from itertools import chain, repeat
 from operator import is_not
 from pathlib import Path
@@ -29,7 +28,7 @@ from onnx import helper, numpy_helper
 
 from .dtypes import FLOAT, LowDtype
 from .external import is_external, read_array, retype_external
-from .graph import UNTYPED, GraphContext, NameGenerator, node_subgraphs
+from .graph import UNTYPED, GraphContext, NameGenerator, node_subgraphs, sort_nodes
 from .lists import DTYPE_AGNOSTIC_INPUTS, DTYPE_ATTRIBUTE_OPS, PASS_THROUGH_ATTRIBUTES, VALUE_ATTRIBUTE_OPS
 from .plan import Demand, Plan, Precision
 from .safety import (
@@ -767,13 +766,7 @@ def _place(ctx: GraphContext, top: list[bytes], after: dict[int, list[bytes]]) -
             new_positions.extend(i + k / (len(nodes) + 1) for k in range(1, len(nodes) + 1))
         encoded.extend(nodes)
     ctx.graph.MergeFromString(b"".join(chain.from_iterable((_NODE_FIELD, _length(len(node)), node) for node in encoded)))
-    # The container sorts a list of its nodes, each node's key asked for
-    # once and in list order (CPython's list.sort): the keys are handed out in
-    # that order by a C callable, ``next(positions, node)``, not by a Python
-    # function per node. (There is a position per node by construction:
-    # one per original node, one per node added.)
-    positions = iter([*range(n), *new_positions])
-    container.sort(key=partial(next, positions))
+    sort_nodes(container, [*range(n), *new_positions])  # (one per original node, one per node added)
 
 
 # Protobuf wire format: a field's key is (number << 3 | wire type); 2 is

@@ -100,7 +100,7 @@ def session(
     memory-reuse planning (see :func:`runnable`); ``disabled_optimizers``:
     graph optimizations not to run (see TWIN_DISABLED_OPTIMIZERS)."""
     ort = _ort()
-    providers = [_CUDA, _CPU] if provider == "cuda" else [_CPU]
+    providers = _providers(provider)
     options = ort.SessionOptions()
     options.log_severity_level = 4
     options.enable_mem_reuse = plan_reuse
@@ -133,7 +133,7 @@ def load_refusal(model: onnx.ModelProto, provider: str) -> str | None:
     its default optimizations (None: it loads). Asked of a child process:
     some of its graph optimizations crash the process on some valid models
     (1.31's NchwcTransformer on an fp16 Transpose feeding a MatMul)."""
-    providers = [_CUDA, _CPU] if provider == "cuda" else [_CPU]
+    providers = _providers(provider)
     with scratch_folder() as folder:
         path = _written(model, folder)
         child = subprocess.run(
@@ -159,9 +159,9 @@ def version_refusal(opset: int, ir_version: int) -> str | None:
     probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version)
     try:
         session(probe, "cpu")
-    except AmpError as e:
-        found = re.search(r"Unsupported model IR version[^)]*|[^.]*support for domain ai\.onnx is till opset \d+", str(e))
-        return found.group(0).strip() if found else str(e).removeprefix("onnxruntime cannot load the model: ")[:200]
+    except LoadFailure as e:
+        found = re.search(r"Unsupported model IR version[^)]*|[^.]*support for domain ai\.onnx is till opset \d+", e.detail)
+        return found.group(0).strip() if found else e.detail[:200]
     return None
 
 
@@ -175,6 +175,12 @@ def loads_opset(opset: int) -> bool:
 def newest_loaded_opset(below: int) -> int:
     """The newest default-domain opset below ``below`` that onnxruntime loads (0: none)."""
     return next((opset for opset in range(below - 1, 0, -1) if loads_opset(opset)), 0)
+
+
+def _providers(provider: str) -> list[str]:
+    """onnxruntime's providers for ``provider`` (a resolved one: cuda or cpu): CUDA falls back to the CPU for
+    the nodes it has no kernel for."""
+    return [_CUDA, _CPU] if provider == "cuda" else [_CPU]
 
 
 def _written(model: onnx.ModelProto, folder: Path, base_dir: str | os.PathLike | None = None) -> Path:

@@ -174,8 +174,7 @@ def _chained_types(
     unnamed = [p for p, name in enumerate(outputs.names) if not name] if n_out != len(producer) else []
     pending = own[:n_out] == 0  # outputs whose type the rules find
     pending[unnamed] = False
-    input_starts = np.cumsum(ctx.input_slots().counts) - ctx.input_slots().counts
-    output_starts = np.cumsum(outputs.counts) - outputs.counts
+    input_starts, output_starts = ctx.input_slots().starts(), outputs.starts()
     found, inverse = rows
     order = np.argsort(inverse, kind="stable")
     ends = np.cumsum(np.bincount(inverse, minlength=len(found))).tolist()
@@ -242,7 +241,6 @@ def _node_rules(
     where an attribute fixes it, written in ``own``; for the others, by
     rule, their positions and nodes (to :func:`_link` together)."""
     by_rule: dict[tuple, tuple[list[int], list[int]]] = {}
-    special_rules: dict[tuple, tuple] = {}
     fixed_at: list[int] = []
     fixed: list[int] = []
     waiting = pending.tolist()
@@ -258,10 +256,9 @@ def _node_rules(
                 fixed.append(t)
                 continue
             key = (op, domain, k, n_inputs)
-            table = special_rules if special else rules  # (the loop keeps no special op's rule)
-            rule = table.get(key)
+            rule = rules.get(key)
             if rule is None:
-                rule = table[key] = _generic_rule(_signature(op, domain, opsets), k, n_inputs)
+                rule = rules[key] = _generic_rule(_signature(op, domain, opsets), k, n_inputs)
             positions, of_nodes = by_rule.setdefault(rule, ([], []))
             positions.append(first + k)
             of_nodes.append(i)

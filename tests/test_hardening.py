@@ -1102,10 +1102,17 @@ INPUT_FILE_ERRORS = {
 def test_bad_validation_input_file_exits_2(tmp_path, lstm, case):
     build, args, fragment = INPUT_FILE_ERRORS[case]
     build(tmp_path)
+    _assert_refuses(tmp_path, lstm, args, fragment)
+
+
+def _assert_refuses(tmp_path, model, args: list[str], fragment: str) -> None:
+    """The command on ``model`` with ``args`` ({tmp}: ``tmp_path``) exits 2
+    saying ``fragment``, and leaves the files there (an old -o among them)
+    as they were."""
     out = tmp_path / "out.onnx"
     out.write_bytes(OLD)
     before = snapshot(tmp_path)
-    proc = cli(lstm, "-o", out, *[a.format(tmp=tmp_path) for a in args])
+    proc = cli(model, "-o", out, *[a.format(tmp=tmp_path) for a in args])
     assert_refused(proc, fragment.format(tmp=tmp_path), before, tmp_path)
 
 
@@ -1163,11 +1170,7 @@ def test_sample_options_the_run_does_not_read_are_vetted_all_the_same(tmp_path, 
     the run reads it (--no-validate; --calibration with the safety rules off)."""
     args, fragment = UNREAD_SAMPLE_OPTIONS[case]
     np.savez(tmp_path / "c.npz", input=np.zeros((1, 20, 16), np.float32))
-    out = tmp_path / "out.onnx"
-    out.write_bytes(OLD)
-    before = snapshot(tmp_path)
-    proc = cli(lstm, "-o", out, *[a.format(tmp=tmp_path) for a in args])
-    assert_refused(proc, fragment.format(tmp=tmp_path), before, tmp_path)
+    _assert_refuses(tmp_path, lstm, args, fragment)
 
 
 @pytest.mark.parametrize(
