@@ -483,7 +483,7 @@ def names_repeat_across_graphs(root: GraphContext) -> bool:
     return False
 
 
-def name_in_use(root: GraphContext) -> Callable[[str], bool]:
+def name_in_use(root: GraphContext) -> NamesInUse:
     """Whether a name is taken in the indexed model, subgraphs included: a
     tensor a graph defines (node output, initializer, input) or lists as an
     output, or a node's name. New tensors and new nodes take names none of
@@ -492,14 +492,28 @@ def name_in_use(root: GraphContext) -> Callable[[str], bool]:
     name read and never defined), so a name not in use here is as new as by
     :func:`tensor_names`, whose set of every name costs a pass over every
     input slot; this asks a few dicts per name."""
-    graphs = [
-        (ctx.producer, ctx.initializers, ctx.input_set, frozenset(ctx.output_names), frozenset(ctx.node_names()))
-        for ctx in root.walk()
-    ]
-    if len(graphs) == 1:
-        producer, initializers, inputs, outputs, nodes = graphs[0]
-        return lambda name: name in producer or name in initializers or name in inputs or name in outputs or name in nodes
-    return lambda name: any(name in names for graph in graphs for names in graph)
+    return NamesInUse(
+        [
+            (ctx.producer, ctx.initializers, ctx.input_set, frozenset(ctx.output_names), frozenset(ctx.node_names()))
+            for ctx in root.walk()
+        ]
+    )
+
+
+class NamesInUse:
+    """The names an indexed model holds, per graph a few dicts and sets (see
+    :func:`name_in_use`): asked one name at a time, or many at once."""
+
+    def __init__(self, holders: list[tuple[dict[str, Any] | Set[str], ...]]) -> None:
+        # (a dict as its keys: a set operation with a view goes over the smaller side, as with a set)
+        self._holders = [names.keys() if isinstance(names, dict) else names for graph in holders for names in graph]
+
+    def __call__(self, name: str) -> bool:
+        return any(name in names for names in self._holders)
+
+    def any_of(self, names: set[str]) -> bool:
+        """Whether any of ``names`` is in use (one set operation per holder)."""
+        return not all(holder.isdisjoint(names) for holder in self._holders)
 
 
 def sort_nodes(container: Any, keys: list) -> None:
@@ -526,6 +540,21 @@ class NameGenerator:
             name = f"{base}_{i}"
         self._made.add(name)
         return name
+
+    def take_all(self, bases: list[str]) -> bool:
+        """Take every one of ``bases`` as it is, where all are free and no two
+        alike (what one call each would give them), else take none: the
+        rewrite names its Casts this way, tens of thousands at once."""
+        wanted = set(bases)
+        in_use = self._in_use
+        if (
+            len(wanted) < len(bases)
+            or not wanted.isdisjoint(self._made)
+            or (in_use.any_of(wanted) if isinstance(in_use, NamesInUse) else any(map(in_use, wanted)))
+        ):
+            return False
+        self._made |= wanted
+        return True
 
     @property
     def made(self) -> Set[str]:

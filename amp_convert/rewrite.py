@@ -202,6 +202,25 @@ class _SlotReads:
     odd: np.ndarray
 
 
+_Asked = dict[tuple[str, int], tuple[str, list[tuple[int, int]]]]  # see Rewriter._make_asked
+
+
+def _asked_casts(slots_of: dict[int, list[int]] | None) -> _Asked | None:
+    """Where a graph's Casts are gathered as its nodes ask for them, to be
+    made together once all are looked at (see :meth:`Rewriter._make_asked`):
+    a main graph without bodies, the one whose nodes' inputs to look at
+    are picked (``slots_of``, see :func:`_nodes_to_visit`). Else None: each
+    is made as it is asked for (:meth:`Rewriter._version`)."""
+    return {} if slots_of is not None else None
+
+
+def _constant_outputs(ctx: GraphContext) -> set[str]:
+    """The tensors Constant and ConstantOfShape nodes write (whose low
+    versions may be copies: see :meth:`Rewriter._version`)."""
+    outs = ctx.outs
+    return {name for i, op in enumerate(ctx.ops) if op in ("Constant", "ConstantOfShape") for name in outs[i]}
+
+
 def _slot_reads(ctx: GraphContext, low_inputs: list[tuple[int, ...]]) -> _SlotReads:
     """``low_inputs``: each node's low input slots (empty unless it runs low)."""
     table = ctx.input_slots()
@@ -354,6 +373,8 @@ class Rewriter:
         output_producers = {ctx.producer[n] for n in ctx.output_names if n in ctx.producer}
         is_main = ctx.parent is None
         visit, slots_of = _nodes_to_visit(ctx, precision, reads, changed, output_producers)
+        asked = _asked_casts(slots_of)
+        constants = _constant_outputs(ctx) if asked is not None else ()  # (their low versions may be copies instead)
         for i in visit:
             inputs = ins[i]
             low_inputs = low_ins[i]
@@ -371,7 +392,16 @@ class Rewriter:
                 vs = versions.get(name)
                 if vs is None and is_main:  # (its only version is itself, in the type it has now)
                     vs = {changed.get(name, t): name}
-                current = vs[need] if vs is not None and need in vs else self._version(ctx, name, need, top, after, known=vs)
+                if vs is not None and need in vs:
+                    current = vs[need]
+                elif asked is None or (need == low and name in constants):
+                    current = self._version(ctx, name, need, top, after, known=vs)
+                else:
+                    waiting = asked.get((name, need))
+                    if waiting is None:
+                        asked[name, need] = waiting = (vs.get(FLOAT) or next(iter(vs.values())), [])
+                    waiting[1].append((i, slot))
+                    continue
                 if current != name:
                     ctx.nodes[i].input[slot] = current
             if subgraphs:
@@ -381,6 +411,8 @@ class Rewriter:
                 self._lower_node(ctx.nodes[i], ctx.path)
             if i in output_producers:
                 self._fix_graph_outputs(ctx, i, ctx.nodes[i], changed, after)
+        if asked:
+            self._make_asked(ctx, asked, top, after)
         if ctx.parent is not None:
             self._fix_passthrough_outputs(ctx, top, after)
             for k in self.demand.low_output_positions(ctx):  # handed on low by its If
@@ -639,6 +671,45 @@ class Rewriter:
             top.append(cast)
         self._versions[home.path][name] = {**vs, need: target}
         return target
+
+    def _make_asked(self, ctx: GraphContext, asked: _Asked, top: list, after: dict) -> None:
+        """Make the Casts the nodes of a main graph without bodies asked for:
+        ``asked``, (tensor, element type) -> (the tensor's version it casts,
+        the (node, input slot) pairs reading it), in the order first asked.
+        Made in that order, they take the names and places :meth:`_version`
+        would give them one at a time; made together, their names are
+        checked in one set operation and the nodes encoded in one pass (a
+        large model asks for tens of thousands). Nothing asks for such a
+        graph's versions afterwards: they are not recorded."""
+        keys = list(asked)
+        shorts = {need: _short(need) for _, need in keys}
+        targets = [f"{name}_{shorts[need]}" for name, need in keys]
+        cast_names = [f"{target}_cast" for target in targets]
+        if not self.names.take_all(targets + cast_names):  # (one is taken: named one at a time, in that order)
+            targets, cast_names = [], []
+            for name, need in keys:
+                targets.append(self.names(f"{name}_{shorts[need]}"))
+                cast_names.append(self.names(f"{targets[-1]}_cast"))
+        needs = [need for _, need in keys]
+        sources = [source for source, _ in asked.values()]
+        producer, nodes = ctx.producer, ctx.nodes
+        for name, target, readers, cast in zip(
+            (name for name, _ in keys),
+            targets,
+            (readers for _, readers in asked.values()),
+            map(encoded_cast, sources, targets, needs, cast_names),
+            strict=True,
+        ):
+            i = producer.get(name)
+            if i is None:  # graph input or initializer
+                top.append(cast)
+            else:
+                after.setdefault(i, []).append(cast)
+            for j, slot in readers:
+                nodes[j].input[slot] = target
+        self.retyped.update(zip(targets, needs, strict=True))
+        self.new_casts.extend(zip(sources, targets, needs, strict=True))
+        self.stats.casts_inserted += len(keys)
 
     def _constant_copy(self, ctx: GraphContext, i: int, name: str, after: dict) -> str | None:
         """The low copy (see :meth:`_low_copy`) of the fp32 value of Constant

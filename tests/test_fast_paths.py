@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_convert import convert, plan, rewrite, typeinfo
-from amp_convert.graph import GraphContext, _readers, build_context
+from amp_convert.graph import GraphContext, NameGenerator, _readers, build_context
 from amp_convert.schema import model_opsets
 from models.rule_graphs import RULE_GRAPHS
 
@@ -110,6 +110,8 @@ SWITCH_OFF = {
     "chained types": (typeinfo, "_chained_types", lambda *_: False),
     "reused plan outcomes": (plan.Planner, "_kind_ids", lambda self, ctx, *_: [-1] * len(ctx.ops)),
     "gathered readers": (GraphContext, "gather_readers", lambda self, names: None),
+    "Casts made together": (rewrite, "_asked_casts", lambda slots_of: None),
+    "names taken together": (NameGenerator, "take_all", lambda self, bases: False),
     "initializer reads": (
         rewrite.Rewriter,
         "_initializer_reads",
@@ -208,6 +210,36 @@ def test_names_in_use_are_the_names_of_the_model(name):
     new = [made(base) for base in bases]
     assert len(set(new)) == len(new) and not every.intersection(new) and new[-3:] == ["cast", "cast_1", "cast_2"]
     assert [from_set(base) for base in bases] == new  # (the set of every name says the same)
+    # Taken together: all of them as they are, or (one in use, made, or twice) none
+    for names in (made, from_set):
+        assert not names.take_all(["free_a", sorted(every)[0]])
+        assert not names.take_all(["free_a", "cast_1"]) and not names.take_all(["free_a", "free_a"])
+        assert names.take_all(["free_a", "free_b"]) and names("free_a") == "free_a_1"
+        assert not names.take_all(["free_b"])
+
+
+def test_casts_made_together_take_names_around_the_models(tmp_path):
+    """The Casts of a main graph, named together, take the names one at a
+    time would give where a name they would take is the model's already."""
+    nodes = [
+        helper.make_node("Identity", ["x"], ["x_fp16"], name="x_fp16_cast"),
+        helper.make_node("MatMul", ["x", "W"], ["mm"], name="mm"),
+        helper.make_node("Add", ["mm", "x_fp16"], ["y"], name="add"),
+    ]
+    original = model(nodes, [value("x", shape=(2, 2))], [value("y", shape=(2, 2))], [init("W", np.eye(2, dtype=np.float32))])
+    path = tmp_path / "out.onnx"
+    onnx.save(convert(original, level="O2").model, path)
+    written = onnx.load(path)
+    onnx.checker.check_model(written, full_check=True)
+    casts = {n.name: (n.input[0], n.output[0]) for n in written.graph.node if n.op_type == "Cast"}
+    assert casts["x_fp16_1_cast"] == ("x", "x_fp16_1")
+    names = [n.name for n in written.graph.node]
+    assert len(set(names)) == len(names)
+    import onnxruntime as ort
+
+    x = np.float32([[1, 2], [3, 4]])
+    (y,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(y, x + x, rtol=1e-3)
 
 
 @pytest.mark.parametrize("name", ["zoo:gpt2", "zoo:controlflow", "odd"])
