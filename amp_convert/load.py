@@ -4,9 +4,9 @@ is not a model the converter can work on.
 Every problem with the input is an :class:`AmpError` (exit code 2): a path
 that is not a file, bytes that are not an ONNX model (with a guess at what
 they are), versions the converter does not handle, a model that fails the
-ONNX checker, external data that is missing, too short or outside the
-model's folder, names that are not UTF-8. Messages are one line of bounded
-length. Nothing here writes anything.
+ONNX checker, external data that is missing, too short, outside the
+model's folder or not openable as written, names that are not UTF-8.
+Messages are one line of bounded length. Nothing here writes anything.
 """
 
 from __future__ import annotations
@@ -598,6 +598,12 @@ def _check_external_data(tensors: list[onnx.TensorProto], label: Path) -> None:
         if not target.is_file():
             what = "is not a regular file" if target.exists() else "is missing"
             raise AmpError(f"{label}: external data file {location!r} of tensor {tensor.name!r} {what}")
+        why = _why_unopenable(base, location)
+        if why is not None:
+            raise AmpError(
+                f"{label}: tensor {tensor.name!r} has external data location {location!r}, which cannot be opened "
+                f"as written: {why} (a '..' needs the folder it steps out of; onnxruntime opens the path as written); refused"
+            )
         _remember_input(target)
         offset = _int_field(info, "offset", label, tensor) or 0
         length = _int_field(info, "length", label, tensor)
@@ -614,6 +620,24 @@ def _check_external_data(tensors: list[onnx.TensorProto], label: Path) -> None:
                 f"{label}: external data file {location!r} is too short for tensor {tensor.name!r} "
                 f"(needs {max(needed, offset)} bytes, has {size})"
             )
+
+
+def _why_unopenable(base: Path, location: str) -> str | None:
+    """Why the system cannot open ``location`` in ``base`` as written (None
+    if it can). Resolved, the location names a file in the folder; but
+    ``sub/../w.bin`` opens only where ``sub`` is a folder: onnx's checker
+    cleans the path first, the system and onnxruntime do not."""
+    try:
+        os.stat(base / location)  # (pathlib keeps '..' as written)
+        return None
+    except OSError as e:
+        parts = Path(location).parts
+        for i, part in enumerate(parts[:-1]):
+            folder = base.joinpath(*parts[: i + 1])
+            if part != os.pardir and not os.path.isdir(folder):
+                name = Path(*parts[: i + 1]).as_posix()
+                return f"{name!r} is not a folder" if os.path.exists(folder) else f"folder {name!r} is missing"
+        return _detail(e.strerror or e)
 
 
 def _expected_bytes(tensor: onnx.TensorProto) -> int | None:

@@ -110,6 +110,28 @@ def test_lazy_load_keeps_tensors_on_disk(source):
     assert not any(is_external(t) for t in eager.graph.initializer)
 
 
+def test_a_location_through_a_folder_and_back_converts(source, tmp_path):
+    """``sub/../weights.bin`` with ``sub`` a folder beside the model: onnx
+    and onnxruntime both open it, so the converter does too (without
+    ``sub``, the system cannot: see test_hardening)."""
+    (source.parent / "sub").mkdir()
+    m = onnx.load(str(source), load_external_data=False)
+    for tensor in m.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = "sub/../weights.bin"
+    onnx.save(m, str(source))
+    onnx.checker.check_model(str(source), full_check=True)
+    out = tmp_path / "out" / "o.onnx"
+    out.parent.mkdir()
+    proc = cli(str(source), "-o", str(out), "-q", "--samples", "2")  # (validation: onnxruntime loads the input)
+    assert proc.returncode == 0, proc.stderr
+    onnx.checker.check_model(str(out), full_check=True)
+    x = RNG.standard_normal((4, 64)).astype(np.float32)
+    ref, got = run_path(source, x), run_path(out, x)
+    assert np.max(np.abs(ref - got)) <= 1e-2 * np.max(np.abs(ref)) + 1e-3
+
+
 def build_external_constants(folder: Path) -> Path:
     """Constant and ConstantOfShape-fed graph whose Constant values (tensor
     attributes, not initializers) live in the external data file."""

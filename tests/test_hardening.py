@@ -26,6 +26,7 @@ import sys
 import textwrap
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -291,6 +292,25 @@ def _ext_symlink(tmp: Path) -> Path:
     return path
 
 
+def _ext_through(sub: str) -> Callable[[Path], Path]:
+    """``sub/../weights.bin``: lexically the data file beside the model; as
+    the system opens it, it goes through ``sub``: a missing folder, a file,
+    or a link to a folder outside."""
+
+    def build(tmp: Path) -> Path:
+        path = external_model(tmp / "m")
+        if sub == "file":
+            (tmp / "m" / "sub").write_bytes(b"not a folder")
+        elif sub == "link":
+            (tmp / "elsewhere" / "inner").mkdir(parents=True)
+            (tmp / "elsewhere" / "weights.bin").write_bytes((tmp / "m" / "weights.bin").read_bytes())
+            (tmp / "m" / "sub").symlink_to(tmp / "elsewhere" / "inner", target_is_directory=True)
+        set_external(path, location="sub/../weights.bin")
+        return path
+
+    return build
+
+
 def _ext_bad_offset(tmp: Path) -> Path:
     path = external_model(tmp / "m")
     set_external(path, offset="-12")
@@ -322,6 +342,12 @@ EXTERNAL_DATA = {
     "parent-folder": (_ext_parent, "points outside the model's folder (../secret.bin); refused"),
     "absolute-path": (_ext_absolute, "absolute external data location"),
     "symlink-outside": (_ext_symlink, "through a symbolic link"),
+    "dotdot-after-a-missing-folder": (
+        _ext_through("missing"),
+        "has external data location 'sub/../weights.bin', which cannot be opened as written: folder 'sub' is missing",
+    ),
+    "dotdot-after-a-file": (_ext_through("file"), "which cannot be opened as written: 'sub' is not a folder"),
+    "dotdot-after-a-linked-folder": (_ext_through("link"), "outside the model's folder through a symbolic link"),
     "negative-offset": (_ext_bad_offset, "invalid external data offset -12"),
     "length-not-the-tensors": (_ext_wrong_length, "has external data length 4"),
 }
@@ -345,6 +371,17 @@ def test_external_data_inside_the_folder_converts(tmp_path):
     loaded = load_model(model)
     assert not any(t.data_location == TensorProto.EXTERNAL for t in _tensors(loaded.graph))
     onnx.checker.check_model(convert(model, level="O2").model, full_check=True)
+
+
+def test_a_location_the_system_cannot_open_is_refused_when_loaded(tmp_path):
+    """Refused as the model is read, also where its data would be read only
+    later (lazily, while writing): onnx's own loader cleans ``sub/..`` away
+    and reads the file, so nothing else would stop it before onnxruntime."""
+    model = _ext_through("missing")(tmp_path)
+    assert onnx.load(str(model)).graph.initializer  # (onnx accepts it)
+    for lazy in (False, True):
+        with pytest.raises(AmpError, match=r"'sub/\.\./weights\.bin', which cannot be opened as written"):
+            load_model(model, lazy_external=lazy)
 
 
 @pytest.mark.parametrize("level", ["O0", "O2"])
