@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import ml_dtypes
 import numpy as np
@@ -49,7 +50,19 @@ DEFAULT_TOLERANCES = {
 }
 
 
-ALL_ZEROS = "every value became 0"  # (how the all-zeros warning begins)
+WarningKind = Literal["all_zeros", "mixed_scales"]
+
+
+@dataclass(frozen=True)
+class OutputWarning:
+    """Something a person should see about an output that passes. The
+    reports tell the kinds apart by ``kind`` (the terminal's WARN row), not
+    by the wording of ``text``, which is free to change."""
+
+    kind: WarningKind
+    text: str
+
+
 # The mixed-scale warning keeps, per axis of an output, a maximum per index:
 # for axes of at most this many indices, outputs of at most this many values.
 AXIS_INDICES = 4096
@@ -267,7 +280,7 @@ class ErrorStats:
             }
         return every if only is None else {k: ok for k, ok in every.items() if k in only}
 
-    def warnings(self, tol: Tolerance | None = None, only: tuple[str, ...] | None = None) -> list[str]:
+    def warnings(self, tol: Tolerance | None = None, only: tuple[str, ...] | None = None) -> list[OutputWarning]:
         """What passes the tolerance but a person should still see (``tol``:
         the tolerance judged, which the mixed-scale warning needs; ``only``:
         its checks judged). An output that fails it has its failures, no
@@ -275,12 +288,13 @@ class ErrorStats:
         if self.kind == "exact" or (tol is not None and self.verdict(tol, only)):
             return []
         if self.sum_sq_ref > 0 and self.sum_sq_cand == 0:
-            return [
-                f"{ALL_ZEROS} (fp32 reaches {self.max_abs_ref:.3g}); it passes only because the whole "
+            text = (
+                f"every value became 0 (fp32 reaches {self.max_abs_ref:.3g}); it passes only because the whole "
                 "output is within --atol of 0: lower --atol to judge it"
-            ]
+            )
+            return [OutputWarning("all_zeros", text)]
         mixed = self._mixed_scales(tol) if tol is not None else None
-        return [mixed] if mixed else []
+        return [OutputWarning("mixed_scales", mixed)] if mixed else []
 
     def verdict(self, tol: Tolerance, only: tuple[str, ...] | None = None) -> list[str]:
         """Reasons this output fails ``tol`` (empty: it passes); ``only``: judge just these checks."""
@@ -329,7 +343,9 @@ class ErrorStats:
             d["failures"] = failures
             d["checks"] = self.checks(tol, only)
             d["limit_abs_err"] = tol.atol + tol.rtol * self.max_abs_ref
-        d["warnings"] = self.warnings(tol, only)
+        warnings = self.warnings(tol, only)
+        d["warnings"] = [w.text for w in warnings]
+        d["warning_kinds"] = [w.kind for w in warnings]  # (one per warning, in its order)
         return d
 
 

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .metrics import ALL_ZEROS
 from .plan import Precision
 
 SCHEMA_ID = "amp-convert-report"
 # 2: validation.reference_emulated and reference_emulation_note (a low-precision reference).
 # 3: validation.pinned (choices the candidate took from the reference, pin.py).
-SCHEMA_VERSION = 3
+# 4: warning_kinds beside each compared tensor's warnings (the same order).
+SCHEMA_VERSION = 4
 
 
 def report_schema() -> dict:
@@ -167,10 +167,16 @@ def _metric_rows(label: str, out: dict, tol: dict, judged_only: bool = False) ->
         rows.append(("SNR dB", _snr(out), "", ""))
     nonfinite = f"{out['cand_nan'] + out['cand_inf']} (fp32: {out['ref_nan'] + out['ref_inf']})"
     rows.append(("NaN/Inf", nonfinite, "as fp32's", _pf(checks["nonfinite"])))
-    for warning in out.get("warnings", []) if not judged_only else ():
-        zeros = warning.startswith(ALL_ZEROS)
-        rows.append(("all zeros", "yes", "within --atol", "WARN") if zeros else ("mixed scales", "part off", "see below", "WARN"))
+    for kind in out.get("warning_kinds", []) if not judged_only else ():
+        rows.append(_WARNING_ROWS[kind])
     return [(label if k == 0 else "", *row) for k, row in enumerate(rows)]
+
+
+# The terminal table's row for each kind of warning (its text follows the table).
+_WARNING_ROWS = {
+    "all_zeros": ("all zeros", "yes", "within --atol", "WARN"),
+    "mixed_scales": ("mixed scales", "part off", "see below", "WARN"),
+}
 
 
 def clipping_summary(report: dict) -> str:
@@ -312,7 +318,11 @@ def _outputs_table(v: dict) -> str:
     ]
     if failures:
         rows.append(f"<ul id='failures' class='meta'>{''.join(failures)}</ul>")
-    warned = [f"<li>{html.escape(o['name'])}: {html.escape(w)}</li>" for o in v["outputs"] for w in o.get("warnings", [])]
+    warned = [
+        f"<li data-kind='{kind}'>{html.escape(o['name'])}: {html.escape(w)}</li>"
+        for o in v["outputs"]
+        for w, kind in zip(o.get("warnings", []), o.get("warning_kinds", []), strict=True)
+    ]
     if warned:
         rows.append(f"<ul id='warnings' class='meta'>{''.join(warned)}</ul>")
     return "".join(rows)

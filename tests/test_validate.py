@@ -24,7 +24,7 @@ from amp_convert import convert
 from amp_convert.emulate import emulation_twin
 from amp_convert.inputs import make_source
 from amp_convert.metrics import DEFAULT_TOLERANCES, ErrorStats, Tolerance
-from amp_convert.report import report_schema
+from amp_convert.report import html_report, report_schema, terminal_table
 from amp_convert.validate import ValidationConfig, validate
 from models.zoo_inputs import load_manifest, make_inputs
 
@@ -425,13 +425,43 @@ def test_output_wiped_out_to_zeros_is_flagged_and_fails_a_tight_atol():
     result = validate(m, out, make_source(m, samples=2), ValidationConfig())
     [metrics] = result.outputs
     # Within the default atol of 0 the output passes, but not silently.
-    assert result.passed and any("became 0" in w for w in metrics.warnings())
-    assert metrics.as_dict(result.tolerance)["warnings"] == metrics.warnings()
+    [warning] = metrics.warnings()
+    assert result.passed and warning.kind == "all_zeros" and "became 0" in warning.text
+    d = metrics.as_dict(result.tolerance)
+    assert d["warnings"] == [warning.text] and d["warning_kinds"] == ["all_zeros"]
     strict = validate(
         m, out, make_source(m, samples=2), ValidationConfig(tolerance=Tolerance(atol=1e-12, rtol=1e-2, min_cosine=0.999))
     )
     assert not strict.passed
-    assert strict.outputs[0].as_dict(strict.tolerance)["warnings"] == []  # (it does not pass: its failures say why)
+    failed = strict.outputs[0].as_dict(strict.tolerance)
+    assert failed["warnings"] == failed["warning_kinds"] == []  # (it does not pass: its failures say why)
+
+
+def test_the_all_zeros_warning_is_shown_by_its_kind_in_the_terminal_json_and_html(tmp_path):
+    """The terminal's WARN row, the JSON's warning_kinds and the HTML's list
+    item follow the warning's kind: reworded, an all-zeros warning keeps its
+    row (the terminal told the kinds apart by how the text began)."""
+    m = model(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")],
+        [value("x", shape=(2, 8))],
+        [value("y", shape=(2, 8))],
+        [init("W", (np.eye(8) * 1e-8).astype(np.float32))],
+    )
+    source, report, page = tmp_path / "zeros.onnx", tmp_path / "r.json", tmp_path / "r.html"
+    onnx.save(m, str(source))
+    proc = cli(str(source), "--level", "O3", "-o", str(tmp_path / "o.onnx"), "--report", str(report), "--html", str(page))
+    assert proc.returncode == 0, proc.stderr
+    assert any(line.split() == ["all", "zeros", "yes", "within", "--atol", "WARN"] for line in proc.stdout.splitlines())
+    assert "mixed scales" not in proc.stdout
+    assert "warning: y: every value became 0 (fp32 reaches " in proc.stdout
+    data = json.loads(report.read_text())
+    jsonschema.validate(data, report_schema())
+    [out] = data["validation"]["outputs"]
+    assert out["warning_kinds"] == ["all_zeros"] and out["warnings"][0].startswith("every value became 0")
+    assert "<li data-kind='all_zeros'>y: every value became 0" in page.read_text()
+    out["warnings"] = ["all of y is 0 now"]
+    assert "all zeros       yes" in terminal_table(data) and "warning: y: all of y is 0 now" in terminal_table(data)
+    assert "<li data-kind='all_zeros'>y: all of y is 0 now</li>" in html_report(data)
 
 
 def test_an_output_wiped_out_to_zeros_that_fails_is_not_said_to_pass(tmp_path):
@@ -930,21 +960,31 @@ def test_an_output_mixing_scales_passes_with_a_warning_naming_the_part_that_is_o
     [metrics] = result.outputs
     assert result.passed
     [warning] = metrics.warnings(result.tolerance)
-    assert warning.startswith("along axis 1, 4 of its 8 indices (4-7) reach at most 0.")
-    share = float(warning.split("% of their own range")[0].rsplit(" ", 1)[1])
+    assert warning.kind == "mixed_scales"
+    assert warning.text.startswith("along axis 1, 4 of its 8 indices (4-7) reach at most 0.")
+    share = float(warning.text.split("% of their own range")[0].rsplit(" ", 1)[1])
     assert 10 < share <= 50  # (fp16 steps of 0.5 near 1000: up to 0.25 off values below 1)
-    assert metrics.as_dict(result.tolerance)["warnings"] == [warning]
+    d = metrics.as_dict(result.tolerance)
+    assert d["warnings"] == [warning.text] and d["warning_kinds"] == ["mixed_scales"]
     strict = validate(m, out, make_source(m, samples=2), ValidationConfig(tolerance=Tolerance(1e-3, 1e-4, 0.999)))
     assert not strict.passed
     exact = convert(m, level="O3", keep_fp32=["shift", "unshift"]).model
     assert validate(m, exact, make_source(m, samples=2), ValidationConfig()).outputs[0].warnings(result.tolerance) == []
     path = tmp_path / "head.onnx"
     onnx.save(m, str(path))
-    proc = cli(str(path), "--level", "O3", "-o", str(tmp_path / "o.onnx"), "--html", str(tmp_path / "r.html"))
+    report, page = tmp_path / "r.json", tmp_path / "r.html"
+    proc = cli(str(path), "--level", "O3", "-o", str(tmp_path / "o.onnx"), "--html", str(page), "--report", str(report))
     assert proc.returncode == 0, proc.stderr
-    assert "mixed scales" in proc.stdout and "WARN" in proc.stdout
+    assert any(line.split() == ["mixed", "scales", "part", "off", "see", "below", "WARN"] for line in proc.stdout.splitlines())
+    assert "all zeros" not in proc.stdout
     assert "warning: y: along axis 1, 4 of its 8 indices (4-7)" in proc.stdout
-    assert "id='warnings'" in (tmp_path / "r.html").read_text() and "along axis 1" in (tmp_path / "r.html").read_text()
+    assert "id='warnings'" in page.read_text() and "<li data-kind='mixed_scales'>y: along axis 1" in page.read_text()
+    data = json.loads(report.read_text())
+    jsonschema.validate(data, report_schema())
+    [out] = data["validation"]["outputs"]
+    assert out["warning_kinds"] == ["mixed_scales"] and out["warnings"][0].startswith("along axis 1")
+    out["warnings"] = ["every value became 0 along axis 1, in words that once meant all zeros"]  # (the kind decides)
+    assert "mixed scales    part off" in terminal_table(data) and "all zeros" not in terminal_table(data).split("warning:")[0]
 
 
 @pytest.mark.parametrize("name", ["resnet50", "bert", "detector", "vit"])
@@ -972,8 +1012,11 @@ def test_a_part_of_one_index_is_named_in_the_singular():
     ref = np.tile(np.float32([[300.0, 0.5], [200.0, 0.4]]), (4, 1))
     stats.update(ref, ref + np.float32([0.1, 0.3]))
     [warning] = stats.warnings(DEFAULT_TOLERANCES["fp16"])
-    assert warning.startswith("along axis 1, index 1 reaches at most 0.5 in fp32 (the output 300, the scale it is judged at)")
-    assert warning.endswith(
+    assert warning.kind == "mixed_scales"
+    assert warning.text.startswith(
+        "along axis 1, index 1 reaches at most 0.5 in fp32 (the output 300, the scale it is judged at)"
+    )
+    assert warning.text.endswith(
         "and is off by up to 0.3, 60% of its own range: give a lower --rtol to judge it at its own scale, "
         "or validate it as an output of its own"
     )
