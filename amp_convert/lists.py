@@ -306,6 +306,11 @@ PASS_THROUGH_OPS: dict[str, tuple[int, ...] | None] = {
 # data, in a float attribute: Pad before opset 11 pads with its ``value``
 # (an input, constant_value, from opset 11 on) in its constant mode.
 PASS_THROUGH_ATTRIBUTES: dict[str, str] = {"Pad": "value"}
+# Of those, the input a node reads only in its constant mode (its ``mode``
+# attribute absent or "constant"): Pad's constant_value, which the reflect,
+# edge and wrap modes never read (they pad with values of the data), so its
+# values neither reach the output nor keep the node fp32 there.
+CONSTANT_MODE_INPUTS: dict[str, int] = {"Pad": 2}
 
 LEVELS = ("O0", "O1", "O2", "O3")
 PROFILES = ("default", "mindspore", "paddle")

@@ -26,7 +26,7 @@ from .dtypes import LowDtype
 from .errors import AmpError
 from .external import read_array
 from .graph import GraphContext
-from .lists import PASS_THROUGH_ATTRIBUTES, PASS_THROUGH_OPS
+from .lists import CONSTANT_MODE_INPUTS, PASS_THROUGH_ATTRIBUTES, PASS_THROUGH_OPS
 
 if TYPE_CHECKING:  # (calibration runs onnxruntime: its module is loaded where it is used)
     from .calibrate import Calibration
@@ -372,7 +372,8 @@ class ConstantRanges:
                 held = _held(ctx, producer)
                 if held is not None:
                     found.append(held)
-                todo.extend((ctx, passed, depth + 1) for passed in reversed(_passed_on(op, ctx.ins[producer])) if passed)
+                passed_on = _passed_on(op, ctx.ins[producer], ctx.nodes[producer])
+                todo.extend((ctx, passed, depth + 1) for passed in reversed(passed_on) if passed)
         return found
 
     def problem(self, ctx: GraphContext, i: int, low_inputs: tuple[int, ...], low: LowDtype) -> str | None:
@@ -385,10 +386,10 @@ class ConstantRanges:
                 return verdict
         suspects = self.suspects(ctx, low)
         verdicts = self._verdicts[ctx.path, low.key]
-        inputs = ctx.ins[i]
+        inputs, unused = ctx.ins[i], _unused_slot(ctx.ops[i], ctx.nodes[i])
         for slot in low_inputs:
             name = inputs[slot]
-            if name not in suspects:
+            if name not in suspects or slot == unused:
                 continue
             verdict = verdicts.get(name, _UNJUDGED)
             if verdict is _UNJUDGED:
@@ -431,13 +432,16 @@ class ConstantRanges:
                     if held is not None and not _unremarkable(self.stats(*held[:3]), low):
                         names.update(outs)
             if names:  # (what the ops passing a constant on make of these, in graph order: chains pass on)
+                nodes = ctx.nodes
                 for i in carriers:
                     op, node_ins = ops[i], all_ins[i]
-                    if (
-                        op in PASS_THROUGH_OPS
-                        and node_ins
-                        and (not names.isdisjoint(_passed_on(op, node_ins)) if op in _MORE_INPUTS else node_ins[0] in names)
-                    ):
+                    if op not in PASS_THROUGH_OPS or not node_ins:
+                        continue
+                    if op in _MORE_INPUTS:
+                        reached = not names.isdisjoint(_passed_on(op, node_ins, nodes[i]))
+                    else:
+                        reached = node_ins[0] in names
+                    if reached:
                         names.update(all_outs[i])
             types = ctx.types
             found = self._suspects[key] = frozenset(n for n in names if types.get(n, onnx.TensorProto.FLOAT) in _MAYBE_FLOAT)
@@ -460,10 +464,28 @@ class ConstantRanges:
         return None
 
 
-def _passed_on(op: str, inputs: list[str]) -> list[str]:
-    """The inputs of a node of pass-through ``op`` whose values it passes on."""
+def _passed_on(op: str, inputs: list[str], node: onnx.NodeProto) -> list[str]:
+    """The inputs (``inputs``: their names) of ``node``, of pass-through
+    ``op``, whose values it passes on in its mode."""
     slots = PASS_THROUGH_OPS[op]
-    return inputs if slots is None else [inputs[k] for k in slots if k < len(inputs)]
+    if slots is None:
+        return inputs
+    unused = _unused_slot(op, node)
+    return [inputs[k] for k in slots if k < len(inputs) and k != unused]
+
+
+def _unused_slot(op: str, node: onnx.NodeProto) -> int | None:
+    """The input ``node`` (of ``op``) does not read in its mode (see
+    ``CONSTANT_MODE_INPUTS``: a Pad's constant_value outside constant mode),
+    or None."""
+    slot = CONSTANT_MODE_INPUTS.get(op)
+    return None if slot is None or _in_constant_mode(node) else slot
+
+
+def _in_constant_mode(node: onnx.NodeProto) -> bool:
+    """Whether a Pad pads with a value of its own (``mode`` absent or
+    "constant"), rather than with values of its data (reflect, edge, wrap)."""
+    return all(a.name != "mode" or a.s == b"constant" for a in node.attribute)
 
 
 def held_constant(node: onnx.NodeProto) -> onnx.TensorProto | None:
@@ -473,12 +495,10 @@ def held_constant(node: onnx.NodeProto) -> onnx.TensorProto | None:
     (which every dtype holds), or does not use it (a Pad whose mode is
     reflect or edge pads with values of its data)."""
     attribute = PASS_THROUGH_ATTRIBUTES.get(node.op_type)
-    if attribute is None:
+    if attribute is None or not _in_constant_mode(node):
         return None
     held = None
     for a in node.attribute:
-        if a.name == "mode" and a.s != b"constant":
-            return None
         if a.name == attribute and a.type == onnx.AttributeProto.FLOAT and a.f:
             held = a.f
     return None if held is None else numpy_helper.from_array(np.array(held, np.float32))

@@ -41,6 +41,22 @@ def model(
     return m
 
 
+def pads_model(modes: Sequence[str | None], opset: int) -> onnx.ModelProto:
+    """x (1x4) -> MatMul -> one Pad per mode of ``modes`` (None: no mode
+    attribute), each padding by 1 either side with constant_value ``cv``
+    (1e10, beyond fp16's range) -> Mul by 0.5 -> output ``y<k>`` (1x6)."""
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm")]
+    for k, mode in enumerate(modes):
+        more = {} if mode is None else {"mode": mode}
+        nodes.append(helper.make_node("Pad", ["h", "pads", "cv"], [f"p{k}"], name=f"pad{k}", **more))
+        nodes.append(helper.make_node("Mul", [f"p{k}", "half"], [f"y{k}"], name=f"mul{k}"))
+    weight = np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4)
+    inits = [init("W", weight), init("pads", np.array([0, 1, 0, 1])), init("cv", np.array(1e10, np.float32))]
+    inits.append(init("half", np.array(0.5, np.float32)))
+    outputs = [value(f"y{k}", shape=(1, 6)) for k in range(len(modes))]
+    return model(nodes, [value("x", shape=(1, 4))], outputs, inits, opset=opset)
+
+
 def shape_readers_model() -> onnx.ModelProto:
     """MatMul -> Transpose (low at every level), read by Shape and Size
     (``shp``, ``size``: only for its shape) and by a Reshape."""

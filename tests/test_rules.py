@@ -27,6 +27,7 @@ from helpers import (
     local_function_model,
     model,
     nodes_of,
+    pads_model,
     run,
     shape_readers_model,
     value,
@@ -691,6 +692,53 @@ def test_a_pad_before_opset_11_that_pads_with_its_data_holds_no_value(mode):
     result = convert(m, level="O3")
     assert attr(next(n for n in result.model.graph.node if n.name == "pad"), "value") == 1e5
     assert result.stats.clipped == {} and result.stats.attributes_rewritten == 0
+
+
+@pytest.mark.parametrize(("mode", "opset"), [("reflect", 13), ("edge", 13), ("wrap", 19)])
+def test_a_pad_that_pads_with_its_data_is_not_judged_on_its_constant_value(mode, opset):
+    """From opset 11 Pad reads the value it pads with from its input
+    constant_value, which reflect, edge and wrap never read: a
+    constant_value of 1e10 kept such a Pad fp32 at O2, and the Mul reading
+    it (the rule followed the value through the Pad). Both run low now, and
+    the result matches fp32 where every low tensor is rounded."""
+    m = pads_model([mode], opset)
+    out, plan = convert(m, level="O2")
+    assert plan.by_name("pad0").precision is Precision.LOW and plan.by_name("pad0").rule == "follow"
+    assert plan.by_name("mul0").precision is Precision.LOW and plan.by_name("mul0").rule == "follow"
+    feeds = x_feed((1, 4))
+    assert close(run(m, feeds)[0], run(out, feeds)[0])
+    assert close(run(m, feeds)[0], run(emulation_twin(out), feeds)[0])
+
+
+@pytest.mark.parametrize("mode", ["constant", None])
+def test_a_pad_in_constant_mode_is_judged_on_its_constant_value(mode):
+    """In constant mode (also when the attribute is left out) Pad pads with
+    constant_value: 1e10 keeps it fp32 at O2, and the padded values reach
+    the output as they are."""
+    m = pads_model([mode], 13)
+    out, plan = convert(m, level="O2")
+    pad = plan.by_name("pad0")
+    assert pad.rule == "safety-initializer-range" and "constant 'cv'" in pad.reason
+    feeds = x_feed((1, 4))
+    assert run(out, feeds)[0][0, 0] == run(m, feeds)[0][0, 0] == 5e9
+
+
+@pytest.mark.parametrize("modes", [["reflect", "constant"], ["constant", "reflect"]])
+def test_pads_of_one_kind_reading_one_constant_value_are_judged_on_their_own_modes(modes):
+    """Two Pads of one kind (op and float slots) read the same
+    constant_value of 1e10, one of them in constant mode: whichever comes
+    first, that one stays fp32 and the other runs low."""
+    m = pads_model(modes, 13)
+    out, plan = convert(m, level="O2")
+    for k, mode in enumerate(modes):
+        entry = plan.by_name(f"pad{k}")
+        if mode == "constant":
+            assert entry.rule == "safety-initializer-range"
+        else:
+            assert entry.precision is Precision.LOW and entry.rule == "follow"
+    feeds = x_feed((1, 4))
+    for want, got in zip(run(m, feeds), run(emulation_twin(out), feeds), strict=True):
+        assert close(want, got)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from helpers import init, manifest_source, model, value
+from helpers import init, manifest_source, model, pads_model, value
 from onnx import helper
 
 from amp_convert import ConvertOptions, Precision, convert
@@ -78,6 +78,21 @@ def test_user_force_low_beats_the_safety_rule(hostile_dir, tmp_path):
     assert proc.returncode == 1  # the user asked for it; validation says what it costs
     scores = next(n for n in json.loads(plan_path.read_text())["nodes"] if n["name"] == "scores")
     assert scores["precision"] == "low" and scores["rule"] == "user-force-low"
+
+
+@pytest.mark.parametrize(("mode", "precision"), [("reflect", "low"), ("constant", "fp32")])
+def test_the_command_judges_a_pad_on_its_constant_value_in_constant_mode_only(mode, precision, tmp_path):
+    """A Pad-13 whose constant_value (1e10) is beyond fp16's range, in a
+    model on disk converted by the command at O2 and validated: in reflect
+    mode it never reads that value and runs low (it stayed fp32, as the one
+    in constant mode, the default, does); both pass validation."""
+    path, plan_path = tmp_path / "pad.onnx", tmp_path / "plan.json"
+    onnx.save(pads_model([mode], 13), str(path))
+    proc = cli(str(path), "--level", "O2", "-o", str(tmp_path / "o.onnx"), "--plan-json", str(plan_path), "-q")
+    assert proc.returncode == 0, proc.stderr
+    pad = next(n for n in json.loads(plan_path.read_text())["nodes"] if n["name"] == "pad0")
+    assert pad["precision"] == precision
+    assert (pad["rule"] == "safety-initializer-range") is (mode == "constant")
 
 
 def test_calibrated_rule_needs_reference_data():
