@@ -130,8 +130,40 @@ def _float_value(tensor: onnx.TensorProto, base_dir: Path | None) -> None:
 
 def _retype(values) -> None:
     for v in values:
-        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in LOW_TYPES:
-            v.type.tensor_type.elem_type = TensorProto.FLOAT
+        _float_type(v.type)
+
+
+def _float_type(t: onnx.TypeProto) -> None:
+    """Make the fp16/bf16 elements ``t`` declares float32, also those of a
+    sequence, an optional, a map or a sparse tensor: the twin's values are
+    float32 whatever holds them, and a declaration left low refuses it
+    (a sequence of fp16 tensors as a graph output, or a Loop's state)."""
+    kind = t.WhichOneof("value")
+    if kind in ("tensor_type", "sparse_tensor_type"):
+        held = getattr(t, kind)
+        if held.elem_type in LOW_TYPES:
+            held.elem_type = TensorProto.FLOAT
+    elif kind == "sequence_type":
+        _float_type(t.sequence_type.elem_type)
+    elif kind == "optional_type":
+        _float_type(t.optional_type.elem_type)
+    elif kind == "map_type":
+        _float_type(t.map_type.value_type)
+
+
+# Ops that make a sequence or an optional (no tensor: never a low output)
+# of the element type an attribute names.
+_CONTAINER_MAKERS = frozenset({"SequenceEmpty", "Optional"})
+
+
+def _float_attributes(node: onnx.NodeProto) -> None:
+    """Make the fp16/bf16 type a node's attributes name float32: the
+    ``dtype`` of its outputs, or the type of the optional it makes."""
+    for a in node.attribute:
+        if a.name in ("dtype", "output_datatype") and a.i in LOW_TYPES:
+            a.i = TensorProto.FLOAT
+        elif a.type == onnx.AttributeProto.TYPE_PROTO:
+            _float_type(a.tp)
 
 
 def _rewrite(ctx: GraphContext, names: NameGenerator, base_dir: Path | None) -> None:
@@ -152,6 +184,8 @@ def _rewrite(ctx: GraphContext, names: NameGenerator, base_dir: Path | None) -> 
             new_nodes.append(node)
             continue
         low_outputs = [(k, o) for k, o in enumerate(node.output) if o and ctx.types.get(o) in LOW_TYPES]
+        if low_outputs or node.op_type in _CONTAINER_MAKERS:
+            _float_attributes(node)
         if not low_outputs:
             new_nodes.append(node)
             continue
@@ -166,9 +200,6 @@ def _rewrite(ctx: GraphContext, names: NameGenerator, base_dir: Path | None) -> 
             rounded = names(f"{out}_rounded")
             rounding.append(helper.make_node("Cast", [raw], [rounded], to=low, name=names(f"{out}_round")))
             rounding.append(helper.make_node("Cast", [rounded], [out], to=TensorProto.FLOAT, name=names(f"{out}_widen")))
-        for a in node.attribute:
-            if a.name in ("dtype", "output_datatype") and a.i in LOW_TYPES:
-                a.i = TensorProto.FLOAT
         new_nodes.append(node)
         new_nodes.extend(rounding)
     _retype(graph.output)
