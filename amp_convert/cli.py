@@ -24,7 +24,7 @@ import click
 
 from . import __version__
 from .emulate import EMULATE_MODES
-from .errors import AmpError, ConversionError, LoadFailure, ModelFailure
+from .errors import AmpError, ConversionError, LoadFailure, ModelFailure, TwinFailure
 from .external import PROTOBUF_LIMIT
 from .lists import LEVELS, PROFILES
 from .load import remember_inputs
@@ -753,13 +753,22 @@ def _run_failures(source, names: tuple[str, str] | None = None) -> Iterator[None
     (exit 2). ``names``: what to call the reference and the candidate
     (compare's files); None in convert, whose candidate is the converted
     model (as validation runs it: exposed, or its emulation twin): its
-    failure where the input model loaded and ran is the conversion's (exit 3)."""
+    failure where the input model loaded and ran is the conversion's (exit 3).
+    An emulation twin onnxruntime cannot load, where it loads the model
+    itself, is amp-convert's failure (exit 3), whichever model it emulates."""
     try:
         yield
     except ModelFailure as e:
         if e.role is None:
             raise
         reference, candidate = names or ("the input model", "the converted model")
+        if isinstance(e, TwinFailure):
+            emulated = reference if e.role == "reference" else candidate
+            raise ConversionError(
+                f"onnxruntime cannot load the emulation twin of {emulated} (the float32 copy amp-convert builds to "
+                f"round as its fp16/bf16 tensors do), though it loads {emulated} as written; --emulate never "
+                f"validates without it: {e.detail}"
+            ) from None
         loading = isinstance(e, LoadFailure)
         failed = "cannot be loaded by onnxruntime" if loading else "fails to run"
         if e.role == "reference":

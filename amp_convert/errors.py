@@ -40,3 +40,11 @@ class LoadFailure(ModelFailure):
     """onnxruntime could not load a model."""
 
     failed = "cannot load the model"
+
+
+class TwinFailure(LoadFailure):
+    """onnxruntime could not load a model's emulation twin (see
+    :mod:`amp_convert.emulate`) though it loads the model as written: the
+    twin is amp-convert's construction, so the failure is not the model's."""
+
+    failed = "cannot load the emulation twin of the model"

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 
 from .dtypes import FLOAT_TYPES
 from .emulate import LOW_TYPES, decide_emulation, emulation_twin, low_inputs, low_io
-from .errors import AmpError, LoadFailure, RunFailure
+from .errors import AmpError, LoadFailure, RunFailure, TwinFailure
 from .external import PROTOBUF_LIMIT, has_external, payload_bytes, write_with_external_data
 from .metrics import is_float
 from .opset import min_ir_for_opset
@@ -128,14 +128,15 @@ except Exception as e:
 """
 
 
-def load_refusal(model: onnx.ModelProto, provider: str) -> str | None:
-    """Why onnxruntime cannot load ``model`` (in memory) as written, with
-    its default optimizations (None: it loads). Asked of a child process:
-    some of its graph optimizations crash the process on some valid models
-    (1.31's NchwcTransformer on an fp16 Transpose feeding a MatMul)."""
+def load_refusal(model: onnx.ModelProto, provider: str, base_dir: str | os.PathLike | None = None) -> str | None:
+    """Why onnxruntime cannot load ``model`` (in memory; its external data
+    in ``base_dir``) as written, with its default optimizations (None: it
+    loads). Asked of a child process: some of its graph optimizations crash
+    the process on some valid models (1.31's NchwcTransformer on an fp16
+    Transpose feeding a MatMul)."""
     providers = _providers(provider)
     with scratch_folder() as folder:
-        path = _written(model, folder)
+        path = _written(model, folder, base_dir)
         child = subprocess.run(
             [sys.executable, "-c", _LOAD_IN_CHILD, str(path), ",".join(providers)], capture_output=True, text=True
         )
@@ -308,7 +309,9 @@ def runnable(
     to expose), through its emulation twin when ``mode`` and ``provider``
     call for one (``twin``: one already built). Under
     ``mode='auto'``, a model onnxruntime cannot load as is (e.g. a bf16
-    kernel missing on CUDA) falls back to the emulation."""
+    kernel missing on CUDA) falls back to the emulation. A twin that
+    onnxruntime cannot load, where it loads the model as written, is a
+    :class:`TwinFailure`: the twin, not the model, is to blame."""
     tensors = list(tensors)
     emulated, note = decide_emulation(mode, provider, low_elem, low_io(model), role)
 
@@ -342,6 +345,8 @@ def runnable(
     try:
         return start(emulated)
     except AmpError as e:
+        if emulated and isinstance(e, LoadFailure) and load_refusal(model, provider, base_dir) is None:
+            raise TwinFailure(e.detail, role) from None
         if emulated or mode != "auto":
             raise
         dtype = "bf16" if low_elem == TensorProto.BFLOAT16 else "fp16"

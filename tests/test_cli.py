@@ -499,6 +499,64 @@ def test_compare_names_the_candidate_that_fails_where_the_reference_runs(tmp_pat
     assert f"{candidate} fails to run where {reference} runs" in err
 
 
+def _low_function_model(path: Path, ir_version: int = 8) -> Path:
+    """x -> Cast to fp16 -> a call of the model's local function
+    local::Half (an fp16 Constant 0.5 times its input) -> Cast to fp32 -> y.
+    onnxruntime runs it; its emulation twin, whose float32 call input meets
+    the body's fp16 Constant (bodies stay as they are), it refuses."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    half = numpy_helper.from_array(np.array(0.5, np.float16), "half")
+    body = [helper.make_node("Constant", [], ["k"], value=half), helper.make_node("Mul", ["a", "k"], ["o"])]
+    function = helper.make_function("local", "Half", ["a"], ["o"], body, opset_imports=[helper.make_opsetid("", 17)])
+    nodes = [
+        helper.make_node("Cast", ["x"], ["x16"], name="to16", to=TensorProto.FLOAT16),
+        helper.make_node("Half", ["x16"], ["h16"], name="call", domain="local"),
+        helper.make_node("Cast", ["h16"], ["y"], name="to32", to=TensorProto.FLOAT),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
+    m = helper.make_model(graph, opset_imports=opsets, functions=[function])
+    m.ir_version = ir_version
+    onnx.save(m, str(path))
+    return path
+
+
+def test_an_emulation_twin_onnxruntime_cannot_load_is_amp_converts_failure_not_the_models(tmp_path, capsys):
+    """A model holding fp16 runs through its emulation twin on the CPU, as
+    the input (reference) of a conversion and as either file of compare.
+    Where onnxruntime refuses the twin but loads the model as written, the
+    failure is amp-convert's (exit 3, nothing written), named as the twin's
+    with the way round it; it was reported as the input model's (exit 2:
+    "the input model cannot be loaded by onnxruntime"), and compare blamed
+    the candidate file "where" the reference, the same file, "runs"."""
+    path = _low_function_model(tmp_path / "m.onnx")
+    out = tmp_path / "o.onnx"
+    assert main([str(path), "-o", str(out), "-q", "--provider", "cpu"]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "inconsistent type tensor(float16)" in err
+    assert "onnxruntime cannot load the emulation twin of the input model" in err and "--emulate never" in err
+    assert "loads the input model as written" in err and not out.exists()
+    assert main(["compare", str(path), str(path), "-q", "--provider", "cpu"]) == 3
+    assert f"onnxruntime cannot load the emulation twin of {path}" in capsys.readouterr().err
+    assert main([str(path), "-o", str(out), "-q", "--provider", "cpu", "--emulate", "never"]) == 0
+    assert out.exists()
+
+
+def test_a_model_whose_twin_and_itself_onnxruntime_cannot_load_is_the_inputs_failure(tmp_path, capsys):
+    """The twin refused and the model as written too (an IR version newer
+    than onnxruntime reads): the input model is to blame, exit 2."""
+    path = _low_function_model(tmp_path / "m.onnx", ir_version=14)
+    assert main([str(path), "-o", str(tmp_path / "o.onnx"), "-q", "--provider", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "the input model cannot be loaded by onnxruntime: " in err and "twin" not in err
+
+
 def test_a_bf16_plan_that_keeps_convs_fp32_for_the_opset_says_so_beside_the_summary(resnet, tmp_path):
     """Below opset 22 the schemas admit no bf16 Conv: the summary line alone
     (14 of 53 nodes low) does not say why or what to do; a hint line does,
