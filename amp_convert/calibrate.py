@@ -18,7 +18,7 @@ from onnx import TensorProto
 
 from .emulate import low_dtype_of
 from .graph import build_context
-from .runner import Runnable, choose_provider, runnable
+from .runner import Runnable, choose_provider, runnable, value_bytes
 from .schema import model_opsets
 from .typeinfo import infer_types
 
@@ -88,7 +88,7 @@ def calibrate(
         values = ref.run(feeds)
         if result.outputs is not None:
             outputs = {n: values[n] for n in output_names}
-            kept_bytes += sum(a.nbytes for a in (*outputs.values(), *feeds.values()))
+            kept_bytes += sum(map(value_bytes, (*outputs.values(), *feeds.values())))
             result.outputs = [*result.outputs, (feeds, outputs)] if kept_bytes <= keep_bytes else None
         values.update({k: v for k, v in feeds.items() if k in ctx.input_set})
         for name in names:

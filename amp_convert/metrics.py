@@ -1,13 +1,19 @@
 """Error metrics between a reference (fp32) tensor and a candidate, gathered
 in one streaming pass over samples: each update folds one sample in and the
 arrays can be dropped.
+
+Outputs that are not tensors compare by what they hold: an optional's value
+where both models have one (empty in both is equal), a map's values key by
+key, and a sequence's elements one by one, each an output of its own
+(``out[0]``, ``out[1]``, ...: :class:`SequenceStats`). Where their structure
+differs (a length, presence, the keys) the sample fails.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import ml_dtypes
 import numpy as np
@@ -74,8 +80,45 @@ AXIS_ELEMENTS = 1 << 24
 AXIS_MIN_VALUES = 8
 
 
+@dataclass
+class StructureDiffs:
+    """Samples whose values differ in structure between the models (a
+    sequence's length, an optional's presence, a map's keys): there is
+    nothing to compare value by value, so each is a failure."""
+
+    count: int = 0
+    first: str = ""  # the first, described with its sample
+
+    def add(self, sample: int, what: str) -> None:
+        self.count += 1
+        self.first = self.first or f"sample {sample}: {what}"
+
+    @property
+    def reason(self) -> str:
+        return self.first if self.count == 1 else f"{self.first} ({self.count} samples differ)"
+
+
+def _presence(ref: Any, cand: Any) -> str | None:
+    """How an optional value's presence differs between the models (None: it does not)."""
+    if (ref is None) == (cand is None):
+        return None
+    return "empty in fp32, present in the converted model" if ref is None else "present in fp32, empty in the converted model"
+
+
+def _map_values(ref: Any, cand: Any) -> tuple[np.ndarray, np.ndarray] | str:
+    """A map's values in both models, in key order; or how their keys differ."""
+    if not (isinstance(ref, dict) and isinstance(cand, dict)):
+        return "a map in one model only"
+    if ref.keys() != cand.keys():
+        shared = len(ref.keys() & cand.keys())
+        return f"the map's keys differ ({len(ref)} in fp32, {len(cand)} in the converted model, {shared} shared)"
+    keys = sorted(ref)
+    return np.array([ref[k] for k in keys]), np.array([cand[k] for k in keys])
+
+
 class ErrorStats:
-    """Streaming comparison of one tensor across samples.
+    """Streaming comparison of one tensor across samples (also an optional
+    tensor's, or a map's values: see :meth:`update`).
 
     ``detailed=False`` (intermediate tensors of the per-node diff) keeps only
     what the relative RMS error needs, at a fraction of the cost.
@@ -89,6 +132,8 @@ class ErrorStats:
         self.count = 0
         self.samples = 0
         self.shape_mismatch = 0
+        self.structure = StructureDiffs()
+        self.empty = 0  # samples where an optional output is empty in both models (equal)
         self.sum_abs_err = 0.0
         self.sum_sq_err = 0.0
         self.sum_sq_ref = 0.0
@@ -106,7 +151,20 @@ class ErrorStats:
         self._axes_shape: tuple[int, ...] | None = None  # the shape they are kept for (() once shapes differ)
         self._axes_samples = 0  # the samples folded into them
 
-    def update(self, ref: np.ndarray, cand: np.ndarray) -> None:
+    def update(self, ref: Any, cand: Any) -> None:
+        """Fold in one sample: two arrays; an optional's values (None: empty);
+        or two maps, compared by key (their values as arrays in key order)."""
+        if ref is None and cand is None:
+            self.samples += 1
+            self.empty += 1
+            return
+        if ref is None or cand is None or isinstance(ref, dict) or isinstance(cand, dict):
+            pair = _presence(ref, cand) or _map_values(ref, cand)
+            if isinstance(pair, str):
+                self.samples += 1
+                self.structure.add(self.samples, pair)
+                return
+            ref, cand = pair
         ref, cand = np.asarray(ref), np.asarray(cand)
         self.samples += 1
         self.dtype = self.dtype or str(ref.dtype)
@@ -254,8 +312,8 @@ class ErrorStats:
 
     @property
     def relative_rms(self) -> float:
-        """||ref - cand|| / ||ref||: the per-node error measure (inf where NaN/Inf differ)."""
-        if self.new_nonfinite or self.lost_nonfinite or self.shape_mismatch:
+        """||ref - cand|| / ||ref||: the per-node error measure (inf where NaN/Inf, shapes or structure differ)."""
+        if self.new_nonfinite or self.lost_nonfinite or self.shape_mismatch or self.structure.count:
             return math.inf
         if self.sum_sq_ref == 0.0:
             return 0.0 if self.sum_sq_err == 0.0 else math.inf
@@ -267,8 +325,12 @@ class ErrorStats:
 
     def checks(self, tol: Tolerance, only: tuple[str, ...] | None = None) -> dict[str, bool]:
         """Each criterion of ``tol`` (``only``: just these) and whether this output meets it."""
-        if self.shape_mismatch:
+        if self.structure.count:
+            every = {"structure": False}
+        elif self.shape_mismatch:
             every = {"shape": False}
+        elif not self.kind and self.empty:  # (an optional empty in both models in every sample)
+            every = {"structure": True}
         elif self.kind == "exact":
             every = {"equal_fraction": self.equal_fraction >= tol.min_equal}
         else:
@@ -285,7 +347,7 @@ class ErrorStats:
         the tolerance judged, which the mixed-scale warning needs; ``only``:
         its checks judged). An output that fails it has its failures, no
         warning (an all-zeros one says it passes)."""
-        if self.kind == "exact" or (tol is not None and self.verdict(tol, only)):
+        if self.kind != "float" or (tol is not None and self.verdict(tol, only)):
             return []
         if self.sum_sq_ref > 0 and self.sum_sq_cand == 0:
             text = (
@@ -300,6 +362,7 @@ class ErrorStats:
         """Reasons this output fails ``tol`` (empty: it passes); ``only``: judge just these checks."""
         checks = self.checks(tol, only)
         reasons = {
+            "structure": self.structure.reason,
             "shape": f"shape differs in {self.shape_mismatch} sample(s)",
             "equal_fraction": f"{self.equal_fraction:.4f} equal < {tol.min_equal}",
             "nonfinite": "; ".join(
@@ -316,13 +379,20 @@ class ErrorStats:
         return [reasons[name] for name, ok in checks.items() if not ok]
 
     def as_dict(self, tol: Tolerance | None = None, only: tuple[str, ...] | None = None) -> dict:
-        """The metrics, and with ``tol`` the verdict (``only``: on just these checks)."""
-        d: dict = {"name": self.name, "dtype": self.dtype, "kind": self.kind or "float", "samples": self.samples}
+        """The metrics, and with ``tol`` the verdict (``only``: on just these checks).
+        kind "empty": no sample had values in both models (an optional
+        output, empty in one or both), so there are no metrics."""
+        kind = self.kind or ("empty" if self.empty or self.structure.count else "float")
+        d: dict = {"name": self.name, "dtype": self.dtype, "kind": kind, "samples": self.samples}
         if self.shape_mismatch:
             d["shape_mismatch"] = self.shape_mismatch
-        if self.kind == "exact":
+        if self.structure.count:
+            d["structure_mismatch"] = self.structure.count
+        if self.empty:
+            d["empty"] = self.empty
+        if kind == "exact":
             d["equal_fraction"] = self.equal_fraction
-        else:
+        elif kind == "float":
             d.update(
                 max_abs_err=self.max_abs_err,
                 mean_abs_err=self.sum_abs_err / self.count if self.count else 0.0,
@@ -346,6 +416,87 @@ class ErrorStats:
         warnings = self.warnings(tol, only)
         d["warnings"] = [w.text for w in warnings]
         d["warning_kinds"] = [w.kind for w in warnings]  # (one per warning, in its order)
+        return d
+
+
+class SequenceStats:
+    """Streaming comparison of a sequence output (or an optional one) across
+    samples: its length in both models, and each element as an output of
+    its own, ``name[i]`` (an :class:`ErrorStats`, or a SequenceStats for a
+    sequence of sequences), judged by the same tolerance. A sample whose
+    lengths differ, or that is empty in one model only, fails the sequence
+    and compares no elements: which of them would pair up is anyone's guess.
+    """
+
+    kind = "sequence"
+
+    def __init__(self, name: str):
+        self.name = name
+        self.samples = 0
+        self.structure = StructureDiffs()
+        self.empty = 0  # samples where an optional sequence is empty in both models (equal)
+        self.lengths: tuple[int, int] | None = None  # fewest and most elements, over the samples compared
+        self.elements: dict[int, ErrorStats | SequenceStats] = {}
+
+    def update(self, ref: Any, cand: Any) -> None:
+        self.samples += 1
+        if ref is None and cand is None:
+            self.empty += 1
+            return
+        differs = _presence(ref, cand)
+        if differs is None and not (isinstance(ref, list) and isinstance(cand, list)):
+            differs = "a sequence in one model only"
+        if differs is None and len(ref) != len(cand):
+            differs = f"{len(ref)} element(s) in fp32, {len(cand)} in the converted model"
+        if differs is not None:
+            self.structure.add(self.samples, differs)
+            return
+        n = len(ref)
+        self.lengths = (n, n) if self.lengths is None else (min(self.lengths[0], n), max(self.lengths[1], n))
+        for i, (r, c) in enumerate(zip(ref, cand, strict=True)):
+            element = self.elements.get(i)
+            if element is None:
+                name = f"{self.name}[{i}]"
+                element = self.elements[i] = SequenceStats(name) if isinstance(r, list) else ErrorStats(name)
+            element.update(r, c)
+
+    def records(self) -> list[ErrorStats | SequenceStats]:
+        """This sequence and its elements (theirs after each), in index order: one report row each."""
+        found: list[ErrorStats | SequenceStats] = [self]
+        for _, element in sorted(self.elements.items()):
+            found += element.records() if isinstance(element, SequenceStats) else [element]
+        return found
+
+    @property
+    def relative_rms(self) -> float:
+        """Its worst element's (the per-node diff's measure of the node that makes it); inf where the structure differs."""
+        if self.structure.count:
+            return math.inf
+        return max((e.relative_rms for e in self.elements.values()), default=0.0)
+
+    def checks(self, tol: Tolerance, only: tuple[str, ...] | None = None) -> dict[str, bool]:
+        """Its own check is the structure's: its elements are judged as outputs of their own."""
+        every = {"structure": not self.structure.count}
+        return every if only is None else {k: ok for k, ok in every.items() if k in only}
+
+    def verdict(self, tol: Tolerance, only: tuple[str, ...] | None = None) -> list[str]:
+        return [self.structure.reason] if not self.checks(tol, only).get("structure", True) else []
+
+    def warnings(self, tol: Tolerance | None = None, only: tuple[str, ...] | None = None) -> list[OutputWarning]:
+        return []
+
+    def as_dict(self, tol: Tolerance | None = None, only: tuple[str, ...] | None = None) -> dict:
+        d: dict = {"name": self.name, "dtype": "sequence", "kind": self.kind, "samples": self.samples}
+        if self.structure.count:
+            d["structure_mismatch"] = self.structure.count
+        if self.empty:
+            d["empty"] = self.empty
+        if self.lengths is not None:
+            d["lengths"] = list(self.lengths)
+        if tol is not None:
+            failures = self.verdict(tol, only)
+            d.update(passed=not failures, failures=failures, checks=self.checks(tol, only))
+        d["warnings"], d["warning_kinds"] = [], []
         return d
 
 

@@ -18,7 +18,9 @@ SCHEMA_ID = "amp-convert-report"
 # 2: validation.reference_emulated and reference_emulation_note (a low-precision reference).
 # 3: validation.pinned (choices the candidate took from the reference, pin.py).
 # 4: warning_kinds beside each compared tensor's warnings (the same order).
-SCHEMA_VERSION = 4
+# 5: sequence and optional outputs: kinds "sequence" (its elements follow as outputs named name[i]) and
+#    "empty", and structure_mismatch, empty and lengths beside an output's metrics.
+SCHEMA_VERSION = 5
 
 
 def report_schema() -> dict:
@@ -125,9 +127,10 @@ def terminal_table(report: dict) -> str:
         rows += _metric_rows(f"{out['name']} (choice input)", out, tol, judged_only=True)
     widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
     lines = ["  ".join(str(c).ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
+    differ = [f"mismatch: {out['name']}: {out['failures'][0]}" for out in v["outputs"] if _structure_differs(out)]
     warned = [f"warning: {out['name']}: {w}" for out in v["outputs"] for w in out.get("warnings", [])]
-    if warned:
-        lines += ["", *warned]
+    if differ or warned:
+        lines += ["", *differ, *warned]
     offenders = v["offenders"]  # (--top of them)
     if offenders:
         lines.append("")
@@ -152,8 +155,12 @@ def terminal_table(report: dict) -> str:
 def _metric_rows(label: str, out: dict, tol: dict, judged_only: bool = False) -> list[tuple[str, ...]]:
     """Table rows for one compared tensor; ``judged_only``: just the checks it is judged on."""
     checks = out["checks"]
+    if _structure_differs(out):  # (its reason follows the table)
+        return [(label, "structure", "differs", "as fp32's", "FAIL")]
     if "shape" in checks:
         return [(label, "shape", "differs", "equal", "FAIL")]
+    if out["kind"] in ("sequence", "empty"):
+        return [(label, "length" if out["kind"] == "sequence" else "value", _held(out), "as fp32's", "PASS")]
     if out["kind"] == "exact":
         return [(label, "equal fraction", _fmt(out["equal_fraction"]), f">= {tol['min_equal']}", _pf(checks["equal_fraction"]))]
     rows = []
@@ -170,6 +177,20 @@ def _metric_rows(label: str, out: dict, tol: dict, judged_only: bool = False) ->
     for kind in out.get("warning_kinds", []) if not judged_only else ():
         rows.append(_WARNING_ROWS[kind])
     return [(label if k == 0 else "", *row) for k, row in enumerate(rows)]
+
+
+def _structure_differs(out: dict) -> bool:
+    """Whether a compared output fails on its structure (a sequence's length, an optional's presence, a map's keys)."""
+    return out["checks"].get("structure") is False
+
+
+def _held(out: dict) -> str:
+    """What a sequence output held (its lengths) or that an optional one was empty in both models."""
+    lengths = out.get("lengths")
+    if lengths is None:
+        return "empty in both"
+    low, high = lengths
+    return f"{low} element(s)" if low == high else f"{low}-{high} elements"
 
 
 # The terminal table's row for each kind of warning (its text follows the table).
@@ -332,9 +353,16 @@ def _output_row(label: str, o: dict, judged_only: bool = False) -> str:
     """One compared tensor; ``judged_only``: only the metrics it is judged on (finite, cosine)."""
     ok = o["passed"]
     verdict = f"<td class='{'good' if ok else 'bad'}' title='{html.escape('; '.join(o['failures']))}'>{_pf(ok)}</td>"
-    if o["kind"] == "exact" or o.get("shape_mismatch"):
-        detail = "shape differs" if o.get("shape_mismatch") else f"equal fraction {o.get('equal_fraction', 0):.4f}"
-        return f"<tr><td>{html.escape(label)}</td><td colspan='7'>{detail}</td>{verdict}</tr>"
+    if o["kind"] != "float" or o.get("shape_mismatch") or _structure_differs(o):
+        if _structure_differs(o):
+            detail = "structure differs"
+        elif o.get("shape_mismatch"):
+            detail = "shape differs"
+        elif o["kind"] == "exact":
+            detail = f"equal fraction {o.get('equal_fraction', 0):.4f}"
+        else:
+            detail = f"sequence: {_held(o)}" if o["kind"] == "sequence" else "empty in both"
+        return f"<tr><td>{html.escape(label)}</td><td colspan='7'>{html.escape(detail)}</td>{verdict}</tr>"
     shown = ("max_abs_err", "limit_abs_err", "mean_abs_err", "max_rel_err")
     cells = "".join(f"<td class='num'>{'-' if judged_only else _fmt(o[k])}</td>" for k in shown)
     nonfinite = f"{o['cand_nan'] + o['cand_inf']} ({o['ref_nan'] + o['ref_inf']})"

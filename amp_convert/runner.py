@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -214,9 +215,11 @@ def expose(model: onnx.ModelProto, tensors: Iterable[tuple[str, int]]) -> onnx.M
     return exposed
 
 
-def run(sess, feeds: dict[str, np.ndarray], role: str = "candidate") -> dict[str, np.ndarray]:
-    """Every output of session ``sess`` on ``feeds``; a failure is a
-    :class:`RunFailure` of the model in ``role``."""
+def run(sess, feeds: dict[str, np.ndarray], role: str = "candidate") -> dict[str, Any]:
+    """Every output of session ``sess`` on ``feeds``: arrays, and where the
+    graph outputs other types, lists (sequences), dicts (maps) or None (an
+    empty optional); a failure is a :class:`RunFailure` of the model in
+    ``role``."""
     names = [o.name for o in sess.get_outputs()]
     try:
         values = sess.run(names, feeds)
@@ -224,6 +227,18 @@ def run(sess, feeds: dict[str, np.ndarray], role: str = "candidate") -> dict[str
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RunFailure(first, role) from None
     return dict(zip(names, values, strict=True))
+
+
+def value_bytes(value: object) -> int:
+    """Memory one output of :func:`run` holds: a tensor's, or what a
+    sequence (a list), map (a dict) or optional (None where empty) holds."""
+    if value is None:
+        return 0
+    if isinstance(value, list):
+        return sum(map(value_bytes, value))
+    if isinstance(value, dict):
+        return sum(value_bytes(k) + value_bytes(v) for k, v in value.items())
+    return np.asarray(value).nbytes
 
 
 def input_dtypes(model: onnx.ModelProto) -> dict[str, np.dtype]:
@@ -262,7 +277,7 @@ class Runnable:
     rounded: dict[str, np.dtype] | None = None  # the twin's inputs whose feeds it rounds (emulate.low_inputs)
     role: str = "candidate"  # which model it is (see RunFailure)
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
         feeds = conform(feeds, self.inputs)
         for name, low in (self.rounded or {}).items():
             if name in feeds:

@@ -10,7 +10,9 @@ or comparing two) is decided the way the candidate is: through its emulation
 twin where the provider cannot run it as is (bf16 on CPU; bf16 graph inputs
 or outputs anywhere) or would not round between ops (fp16 on CPU), and as a
 fallback when its real run cannot load. Each model is fed the samples cast
-to the dtypes its own inputs declare; outputs compare in float64.
+to the dtypes its own inputs declare; outputs compare in float64, those that
+are sequences element by element (``out[0]``, ... in the reports: see
+:mod:`amp_convert.metrics`).
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ from .errors import AmpError
 from .graph import build_context, tensor_names
 from .inputs import CandidateInputs, InputSource
 from .lists import EXACT_OPS
-from .metrics import DEFAULT_TOLERANCES, ErrorStats, Tolerance
+from .metrics import DEFAULT_TOLERANCES, ErrorStats, SequenceStats, Tolerance
 from .pin import Selection, find_selections, makes, pin
 from .plan import Plan
-from .runner import Runnable, choose_provider, runnable
+from .runner import Runnable, choose_provider, runnable, value_bytes
 from .schema import model_opsets
 from .typeinfo import infer_types
 
@@ -127,7 +129,7 @@ class ValidationResult:
     dtype: str
     tolerance: Tolerance
     samples: int
-    outputs: list[ErrorStats]
+    outputs: list[ErrorStats | SequenceStats]  # a sequence output's elements follow it (SequenceStats.records)
     nodes: list[NodeError] = field(default_factory=list)
     top: int = 10
     seconds: float = 0.0
@@ -213,6 +215,7 @@ class Validator:
         self.provider, self.provider_note = choose_provider(config.provider)
         self.ref_ctx = _typed(reference)
         self.output_names = [v.name for v in reference.graph.output]
+        self.sequence_outputs = {v.name for v in reference.graph.output if _holds_sequence(v.type)}
         self.cache_bytes = cache_bytes
         # (feeds, outputs) per sample of this source, when a calibration ran on the same samples
         known = calibration.outputs if calibration is not None and calibration.source is source else None
@@ -302,7 +305,7 @@ class Validator:
         exposed = [(n, cand_ctx.types[n]) for n in dict.fromkeys([*tensors, *judged])]
         run_model, own = pin(candidate, pins, tensor_names(cand_ctx)) if pins else (candidate, {})
         cand = runnable(run_model, cand_low, self.provider, config.emulate, exposed, self.base_dir, "candidate")
-        out_stats = {n: ErrorStats(n) for n in self.output_names}
+        out_stats = {n: SequenceStats(n) if n in self.sequence_outputs else ErrorStats(n) for n in self.output_names}
         tensor_stats = {n: ErrorStats(n, detailed=False) for n in tensors}
         agreement = {s.name: ErrorStats(s.name) for s in pins}
         judged_stats = {n: ErrorStats(n) for n in judged}
@@ -331,7 +334,7 @@ class Validator:
             dtype,
             tolerance,
             samples,
-            list(out_stats.values()),
+            [r for s in out_stats.values() for r in (s.records() if isinstance(s, SequenceStats) else [s])],
             top=config.top,
             per_node_note=per_node_note,
             reference_emulated=self.reference_emulated,
@@ -363,7 +366,7 @@ class Validator:
             values = self._plain_session.run(feeds)
             values = {n: values[n] for n in wanted}  # (a shared calibration session outputs every tensor)
             if kept is not None:
-                size += sum(v.nbytes for v in values.values()) + sum(v.nbytes for v in feeds.values())
+                size += sum(map(value_bytes, (*values.values(), *feeds.values())))
                 if size <= self.cache_bytes:
                     kept.append((feeds, values))
                 else:
@@ -404,15 +407,23 @@ def validate(
     return validator.check(candidate, plan, progress=progress)
 
 
+def _holds_sequence(type_proto: onnx.TypeProto) -> bool:
+    """Whether a value of this type is a sequence, or an optional one."""
+    if type_proto.WhichOneof("value") == "optional_type":
+        type_proto = type_proto.optional_type.elem_type
+    return type_proto.WhichOneof("value") == "sequence_type"
+
+
 def _typed(model: onnx.ModelProto):
     ctx = build_context(model.graph)
     infer_types(ctx, model_opsets(model))
     return ctx
 
 
-def _node_errors(ref_ctx, cand_ctx, stats: dict[str, ErrorStats], plan: Plan | None) -> list[NodeError]:
-    """Error after each node (worst of its float outputs) and before it (worst
-    of its float inputs that were measured), in topological order."""
+def _node_errors(ref_ctx, cand_ctx, stats: dict[str, ErrorStats | SequenceStats], plan: Plan | None) -> list[NodeError]:
+    """Error after each node (worst of its float outputs; a sequence output's
+    is its worst element's) and before it (worst of its float inputs that
+    were measured), in topological order."""
     error = {name: s.relative_rms for name, s in stats.items()}
     planned = {e.name: e.precision.value for e in plan.entries.get("", [])} if plan is not None else {}
     nodes = []
