@@ -92,8 +92,8 @@ def calibrate(
             result.outputs = [*result.outputs, (feeds, outputs)] if kept_bytes <= keep_bytes else None
         values.update({k: v for k, v in feeds.items() if k in ctx.input_set})
         for name in names:
-            array = values.get(name)
-            if not isinstance(array, np.ndarray) or array.size == 0:  # (a sparse Constant's output is a SparseTensor)
+            array = values[name]
+            if array.size == 0:
                 continue
             low, high = float(array.min()), float(array.max())
             if not (math.isfinite(low) and math.isfinite(high)):  # (a NaN or Inf: range of the finite values)

@@ -216,17 +216,35 @@ def expose(model: onnx.ModelProto, tensors: Iterable[tuple[str, int]]) -> onnx.M
 
 
 def run(sess, feeds: dict[str, np.ndarray], role: str = "candidate") -> dict[str, Any]:
-    """Every output of session ``sess`` on ``feeds``: arrays, and where the
-    graph outputs other types, lists (sequences), dicts (maps) or None (an
-    empty optional); a failure is a :class:`RunFailure` of the model in
-    ``role``."""
+    """Every output of session ``sess`` on ``feeds``: arrays (a sparse
+    tensor's dense), and where the graph outputs other types, lists
+    (sequences), dicts (maps) or None (an empty optional); a failure is a
+    :class:`RunFailure` of the model in ``role``."""
     names = [o.name for o in sess.get_outputs()]
     try:
         values = sess.run(names, feeds)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RunFailure(first, role) from None
-    return dict(zip(names, values, strict=True))
+    sparse = _ort().capi.onnxruntime_pybind11_state.SparseTensor
+    return {n: _dense(n, v) if isinstance(v, sparse) else v for n, v in zip(names, values, strict=True)}
+
+
+def _dense(name: str, sparse) -> np.ndarray:
+    """The array an onnxruntime SparseTensor stands for (a sparse Constant's
+    output is one): what the models compute is its values, not their
+    encoding. COO only, the format onnxruntime gives them in."""
+    coo = _ort().OrtSparseFormat.ORT_SPARSE_COO
+    if sparse.format != coo:
+        raise AmpError(
+            f"output {name!r} is a sparse tensor in {sparse.format.name}, which validation cannot read; use --no-validate"
+        )
+    shape = tuple(sparse.dense_shape())
+    values, indices = sparse.values(), sparse.get_coo_data().indices()
+    dense = np.zeros(shape, values.dtype)
+    # (linear indices, or one row of coordinates per value)
+    dense.flat[indices if indices.ndim == 1 else np.ravel_multi_index(tuple(indices.T), shape)] = values
+    return dense
 
 
 def value_bytes(value: object) -> int:

@@ -469,7 +469,8 @@ def test_a_sparse_constants_values_outside_the_models_folder_are_refused(tmp_pat
 
 def test_a_sparse_constant_is_calibrated_and_validated(tmp_path):
     """onnxruntime returns a sparse Constant's output as a SparseTensor, not
-    an array: calibration skips it (it stopped with an internal error, exit 3)."""
+    an array: runs read it as its dense array (calibration stopped with an
+    internal error, exit 3)."""
     src, _ = _sparse_constant_model(tmp_path, None)
     proc = cli(str(src), "-o", str(tmp_path / "o.onnx"), "-q")
     assert proc.returncode == 0, proc.stderr
