@@ -8,7 +8,9 @@
   and a Cast writes ``y``.
 * Initializers read only in low precision are stored low; shared ones stay
   fp32 and low readers get a Cast. Values beyond the low dtype's range are
-  clipped and counted, tiny ones flushed and counted: never silently.
+  clipped and counted, tiny ones flushed and counted: never silently. (Not
+  counted: those of a constant whose low version no node uses, such as a
+  Pad's constant_value outside constant mode, stored low as its schema asks.)
 * Source ops that run low get their dtype attribute (Cast ``to``,
   RandomNormal ``dtype`` ...) or their value (Constant, ConstantOfShape)
   rewritten.
@@ -40,6 +42,7 @@ from .safety import (
     raw_float32,
     segment_counts,
     small_raw,
+    unused_slot,
     value_stats,
 )
 from .schema import is_default_domain
@@ -317,6 +320,7 @@ class Rewriter:
         self._constants: list[tuple[onnx.TensorProto, str, bytes]] = []
         # per scope: (Casts to put first, Casts to put after node i), filled while its subgraphs are rewritten too
         self._placements: dict[str, tuple[list[bytes], dict[int, list[bytes]]]] = {}
+        self._unused_low: set[str] = set()  # constants whose low version no node uses (see _used_nowhere_low)
 
     def run(self, ctx: GraphContext) -> RewriteStats:
         self._rewrite_graph(ctx)
@@ -324,6 +328,9 @@ class Rewriter:
         for body in ctx.walk():  # (outer before inner)
             if body.parent is not None:
                 self._unshadow(body, renamed)
+        for name in self._unused_low:  # (what their low versions lost changes nothing: not reported)
+            self.stats.clipped.pop(name, None)
+            self.stats.flushed.pop(name, None)
         return self.stats
 
     # ------------------------------------------------------------------ graph
@@ -375,6 +382,7 @@ class Rewriter:
         visit, slots_of = _nodes_to_visit(ctx, precision, reads, changed, output_producers)
         asked = _asked_casts(slots_of)
         constants = _constant_outputs(ctx) if asked is not None else ()  # (their low versions may be copies instead)
+        unused: list[str] = []  # inputs low nodes read but do not use in their mode
         for i in visit:
             inputs = ins[i]
             low_inputs = low_ins[i]
@@ -409,10 +417,15 @@ class Rewriter:
                     self._rewrite_graph(sub)
             if precision[i] is _LOW and ops[i] in REWRITTEN_OPS:
                 self._lower_node(ctx.nodes[i], ctx.path)
+                slot = unused_slot(ops[i], ctx.nodes[i])
+                if slot is not None and slot < len(inputs) and inputs[slot]:
+                    unused.append(inputs[slot])
             if i in output_producers:
                 self._fix_graph_outputs(ctx, i, ctx.nodes[i], changed, after)
         if asked:
             self._make_asked(ctx, asked, top, after)
+        if unused:
+            self._unused_low.update(_used_nowhere_low(ctx, unused, low_ins))
         if ctx.parent is not None:
             self._fix_passthrough_outputs(ctx, top, after)
             for k in self.demand.low_output_positions(ctx):  # handed on low by its If
@@ -798,6 +811,24 @@ class Rewriter:
 # Up to this many new nodes are inserted where they go (each insert shifts the
 # list); more are appended in one parse and the list is sorted into place.
 _INSERT_AT_MOST = 256
+
+
+def _used_nowhere_low(ctx: GraphContext, names: list[str], low_ins: list[tuple[int, ...]]) -> list[str]:
+    """Of ``names`` (each read low by a node that does not use it in its
+    mode: a Pad's constant_value outside constant mode, see ``unused_slot``),
+    those no node of ``ctx`` uses low: every low read of them is such a
+    read, and no subgraph or graph output reads them. Whatever their low
+    versions clip or flush reaches no value. ``low_ins``: each node's low
+    input slots."""
+    ctx.gather_readers(names)
+    ops, nodes, outputs = ctx.ops, ctx.nodes, set(ctx.output_names)
+    return [
+        name
+        for name in dict.fromkeys(names)
+        if name not in ctx.captured_by
+        and name not in outputs
+        and all(slot not in low_ins[j] or slot == unused_slot(ops[j], nodes[j]) for j, slot in ctx.readers(name))
+    ]
 
 
 def declare_initializers(root: GraphContext) -> None:

@@ -386,7 +386,7 @@ class ConstantRanges:
                 return verdict
         suspects = self.suspects(ctx, low)
         verdicts = self._verdicts[ctx.path, low.key]
-        inputs, unused = ctx.ins[i], _unused_slot(ctx.ops[i], ctx.nodes[i])
+        inputs, unused = ctx.ins[i], unused_slot(ctx.ops[i], ctx.nodes[i])
         for slot in low_inputs:
             name = inputs[slot]
             if name not in suspects or slot == unused:
@@ -470,11 +470,11 @@ def _passed_on(op: str, inputs: list[str], node: onnx.NodeProto) -> list[str]:
     slots = PASS_THROUGH_OPS[op]
     if slots is None:
         return inputs
-    unused = _unused_slot(op, node)
+    unused = unused_slot(op, node)
     return [inputs[k] for k in slots if k < len(inputs) and k != unused]
 
 
-def _unused_slot(op: str, node: onnx.NodeProto) -> int | None:
+def unused_slot(op: str, node: onnx.NodeProto) -> int | None:
     """The input ``node`` (of ``op``) does not read in its mode (see
     ``CONSTANT_MODE_INPUTS``: a Pad's constant_value outside constant mode),
     or None."""

@@ -95,6 +95,40 @@ def test_the_command_judges_a_pad_on_its_constant_value_in_constant_mode_only(mo
     assert (pad["rule"] == "safety-initializer-range") is (mode == "constant")
 
 
+@pytest.mark.parametrize(
+    ("modes", "opset", "level", "clipped"),
+    [
+        (["reflect"], 13, "O2", {}),
+        (["wrap"], 19, "O2", {}),
+        (["reflect", "constant"], 13, "O2", {}),  # (cv shared: fp32 for the constant Pad, a low copy for the other)
+        (["reflect"], 13, "O3", {}),
+        (["constant"], 13, "O3", {"cv": 1}),
+        (["reflect", "constant"], 13, "O3", {"cv": 1}),
+    ],
+    ids=["reflect", "wrap", "reflect-and-constant", "reflect-O3", "constant-O3", "both-O3"],
+)
+def test_a_constant_value_a_pad_does_not_use_is_stored_low_without_a_clipping_report(modes, opset, level, clipped, tmp_path):
+    """A Pad outside constant mode runs low and reads its constant_value
+    (1e10) in fp16, as its schema asks: the value is stored clipped, but
+    what no node uses is not reported (the command said "constants changed
+    to fit fp16: 1 value(s) clipped to fp16's largest value (in cv)", and
+    the JSON counted it). A Pad in constant mode that runs low (O3) uses
+    the value: its clipping is reported as before."""
+    path, report_path = tmp_path / "pad.onnx", tmp_path / "r.json"
+    onnx.save(pads_model(modes, opset), str(path))
+    out = tmp_path / "o.onnx"
+    proc = cli(str(path), "--level", level, "-o", str(out), "--report", str(report_path), "--no-validate")
+    assert proc.returncode == 0, proc.stderr
+    rewrite = json.loads(report_path.read_text())["conversion"]["rewrite"]
+    assert rewrite["clipped"] == clipped and rewrite["values_clipped"] == sum(clipped.values())
+    assert ("1 value(s) clipped to fp16's largest value (in cv)" in proc.stdout) is bool(clipped)
+    written = onnx.load(str(out))
+    stored = {t.name: t for t in written.graph.initializer}
+    pad = next(n for n in written.graph.node if n.name == "pad0")
+    value = stored[pad.input[2]]
+    assert value.data_type == onnx.TensorProto.FLOAT16 and onnx.numpy_helper.to_array(value) == 65504
+
+
 def test_calibrated_rule_needs_reference_data():
     m = HOSTILE["softmax_large_logits"]()
     _, plan = convert(m, level="O2")
