@@ -278,6 +278,13 @@ class Validator:
         cand_outputs = [v.name for v in candidate.graph.output]
         if self.output_names != cand_outputs:
             raise AmpError(f"the models' outputs differ: {self.output_names} vs {cand_outputs}")
+        for ref_out, cand_out in zip(self.reference.graph.output, candidate.graph.output, strict=True):
+            ref_kind, cand_kind = _kind(ref_out.type), _kind(cand_out.type)
+            if ref_kind and cand_kind and ref_kind != cand_kind:
+                raise AmpError(
+                    f"the models' outputs differ: {ref_out.name!r} is {ref_kind} in the reference but {cand_kind} in "
+                    "the candidate"
+                )
         cand_inputs = CandidateInputs(self.source.specs, candidate)
 
         tensors: list[str] = []
@@ -405,6 +412,19 @@ def validate(
     on the same samples, outputs are reused)."""
     validator = Validator(reference, source, config, cache_bytes=0, base_dir=base_dir, calibration=calibration)
     return validator.check(candidate, plan, progress=progress)
+
+
+def _kind(type_proto: onnx.TypeProto) -> str:
+    """What a value of this type is, as validation compares it: tensor
+    (sparse ones compare as dense), map, seq(...) or optional(...) of one
+    ("" where it is not declared, to the depth it is)."""
+    which = type_proto.WhichOneof("value")
+    if which in ("tensor_type", "sparse_tensor_type", "map_type"):
+        return "map" if which == "map_type" else "tensor"
+    if which not in ("sequence_type", "optional_type"):
+        return ""
+    held = _kind(getattr(type_proto, which).elem_type)
+    return held and f"{'seq' if which == 'sequence_type' else 'optional'}({held})"
 
 
 def _holds_sequence(type_proto: onnx.TypeProto) -> bool:

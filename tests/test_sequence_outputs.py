@@ -53,17 +53,24 @@ def _optional_model(present: bool = True) -> onnx.ModelProto:
     return model(nodes, [value("x", shape=(2, 4))], outputs, [init("W", WEIGHT)], opset=18)
 
 
-def _zipmap_model(labels: tuple[int, ...] = (10, 20, 30, 40)) -> onnx.ModelProto:
+def _zipmap_model(labels: tuple[int, ...] = (10, 20, 30, 40), name: str = "probs") -> onnx.ModelProto:
     """A classifier's tail: MatMul -> Softmax -> ZipMap, a sequence of
-    {label: probability} maps, one per row (as sklearn-onnx writes it)."""
+    {label: probability} maps, one per row (as sklearn-onnx writes it),
+    output ``name``."""
     nodes = [
         helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
         helper.make_node("Softmax", ["h"], ["p"], name="softmax", axis=1),
-        helper.make_node("ZipMap", ["p"], ["probs"], name="zip", domain="ai.onnx.ml", classlabels_int64s=list(labels)),
+        helper.make_node("ZipMap", ["p"], [name], name="zip", domain="ai.onnx.ml", classlabels_int64s=list(labels)),
     ]
     maps = helper.make_sequence_type_proto(helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(F32, [])))
-    outputs = [helper.make_value_info("probs", maps)]
+    outputs = [helper.make_value_info(name, maps)]
     return model(nodes, [value("x", shape=(2, 4))], outputs, [init("W", WEIGHT)], extra_opsets=[("ai.onnx.ml", 3)])
+
+
+def _matmul_model() -> onnx.ModelProto:
+    """x -> MatMul -> out, a tensor."""
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["out"], name="mm")]
+    return model(nodes, [value("x", shape=(2, 4))], [value("out", shape=(2, 4))], [init("W", WEIGHT)])
 
 
 def _split_model() -> onnx.ModelProto:
@@ -143,6 +150,26 @@ def test_a_sequence_of_another_length_fails_with_its_lengths(tmp_path):
     assert "out structure differs as fp32's FAIL" in _lines(proc.stdout)
     assert f"mismatch: out: {reason}" in proc.stdout
     assert "structure differs" in html_path.read_text() and reason in html_path.read_text()
+
+
+@pytest.mark.parametrize(
+    ("reference", "candidate", "kinds"),
+    [
+        (_sequence_model, _matmul_model, "seq(tensor) in the reference but tensor"),
+        (_matmul_model, _sequence_model, "tensor in the reference but seq(tensor)"),
+        (_sequence_model, lambda: _zipmap_model(name="out"), "seq(tensor) in the reference but seq(map)"),
+    ],
+    ids=["sequence-tensor", "tensor-sequence", "tensors-maps"],
+)
+def test_compare_refuses_a_candidate_whose_output_holds_another_kind_of_value(reference, candidate, kinds, tmp_path):
+    """An output that holds another kind of value in each model (a tensor,
+    a sequence of tensors, a sequence of maps) has nothing to compare
+    element by element: a one-line usage error naming both (a tensor
+    against a sequence compared the stacked elements: 'shape differs')."""
+    ref, cand = _save(reference(), tmp_path / "ref.onnx"), _save(candidate(), tmp_path / "cand.onnx")
+    proc = cli("compare", str(ref), str(cand))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"amp-convert: error: the models' outputs differ: 'out' is {kinds} in the candidate"
 
 
 def test_optional_outputs_compare_their_values_and_equal_when_both_are_empty(tmp_path):
