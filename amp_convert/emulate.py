@@ -5,7 +5,11 @@ casting to fp32 internally without rounding in between, which hides fp16
 overflow. The twin built here computes every op in float32 but rounds each
 low-precision tensor to the low dtype (a Cast to fp16/bf16 and back), so
 values that overflow or flush in fp16 do so here too. Tensor names are kept,
-so the twin can be compared with the fp32 model tensor by tensor.
+so the twin can be compared with the fp32 model tensor by tensor. Calls of
+the model's local functions are inlined first: a body left as written would
+meet the twin's float32 values with its own fp16 (onnxruntime refuses the
+twin), and its low tensors would go unrounded. The inlined bodies' tensors
+are new names, which no other model has to be compared with.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper, inliner, numpy_helper
 
 from .dtypes import LOW_DTYPES
 from .errors import AmpError
@@ -103,11 +107,45 @@ def emulation_twin(model: onnx.ModelProto, base_dir: Path | None = None) -> onnx
     :func:`low_inputs`)."""
     twin = onnx.ModelProto()
     twin.CopyFrom(model)
+    if twin.functions:
+        twin = _inline_functions(twin)
     ctx = build_context(twin.graph)
     infer_types(ctx, model_opsets(twin))
     names = NameGenerator(name_in_use(ctx))
     _rewrite_inner_first(ctx, names, base_dir)
     return twin
+
+
+def _inline_functions(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (consumed) with the calls of its local functions inlined,
+    those in subgraphs and in inlined bodies too. A function at another
+    opset than the model's stays a call (onnx inlines none such), and every
+    function stays declared: one left may call one inlined."""
+    graph = model.graph
+    # The inliner takes a serialized model: the main graph's tensors, up to
+    # gigabytes, go to it as names only (all it reads of them) and come back.
+    tensors = [graph.initializer.pop() for _ in range(len(graph.initializer))][::-1]
+    graph.initializer.extend(TensorProto(name=t.name) for t in tensors)
+    # A domain only functions import is imported by the model, at the first
+    # version one asks for (functions asking another stay calls), for the
+    # inlined nodes of that domain.
+    imported = {_domain(o.domain) for o in model.opset_import}
+    for function in model.functions:
+        for opset in function.opset_import:
+            if _domain(opset.domain) not in imported:
+                model.opset_import.append(opset)
+                imported.add(_domain(opset.domain))
+    inlined = inliner.inline_local_functions(model)
+    del inlined.graph.initializer[:]
+    inlined.graph.initializer.extend(tensors)
+    del inlined.functions[:]
+    inlined.functions.extend(model.functions)
+    return inlined
+
+
+def _domain(name: str) -> str:
+    """An opset's domain, the default one by either of its names."""
+    return "" if name == "ai.onnx" else name
 
 
 def _rewrite_inner_first(ctx: GraphContext, names: NameGenerator, base_dir: Path | None) -> None:

@@ -499,16 +499,20 @@ def test_compare_names_the_candidate_that_fails_where_the_reference_runs(tmp_pat
     assert f"{candidate} fails to run where {reference} runs" in err
 
 
-def _low_function_model(path: Path, ir_version: int = 8) -> Path:
+def _low_function_model(path: Path, ir_version: int = 8, function_opset: int = 17) -> Path:
     """x -> Cast to fp16 -> a call of the model's local function
-    local::Half (an fp16 Constant 0.5 times its input) -> Cast to fp32 -> y.
-    onnxruntime runs it; its emulation twin, whose float32 call input meets
-    the body's fp16 Constant (bodies stay as they are), it refuses."""
+    local::Half (an fp16 Constant 0.5 times its input, at
+    ``function_opset``; the model's is 17) named "call" -> Cast to fp32 ->
+    y. onnxruntime runs it; its emulation twin inlines the call, which onnx
+    does only for a function at the model's opset: one at another stays a
+    call, whose fp16 Constant meets the twin's float32 input, and
+    onnxruntime refuses that twin."""
     from onnx import TensorProto, helper, numpy_helper
 
     half = numpy_helper.from_array(np.array(0.5, np.float16), "half")
     body = [helper.make_node("Constant", [], ["k"], value=half), helper.make_node("Mul", ["a", "k"], ["o"])]
-    function = helper.make_function("local", "Half", ["a"], ["o"], body, opset_imports=[helper.make_opsetid("", 17)])
+    opset = [helper.make_opsetid("", function_opset)]
+    function = helper.make_function("local", "Half", ["a"], ["o"], body, opset_imports=opset)
     nodes = [
         helper.make_node("Cast", ["x"], ["x16"], name="to16", to=TensorProto.FLOAT16),
         helper.make_node("Half", ["x16"], ["h16"], name="call", domain="local"),
@@ -527,15 +531,36 @@ def _low_function_model(path: Path, ir_version: int = 8) -> Path:
     return path
 
 
-def test_an_emulation_twin_onnxruntime_cannot_load_is_amp_converts_failure_not_the_models(tmp_path, capsys):
-    """A model holding fp16 runs through its emulation twin on the CPU, as
-    the input (reference) of a conversion and as either file of compare.
-    Where onnxruntime refuses the twin but loads the model as written, the
-    failure is amp-convert's (exit 3, nothing written), named as the twin's
-    with the way round it; it was reported as the input model's (exit 2:
-    "the input model cannot be loaded by onnxruntime"), and compare blamed
-    the candidate file "where" the reference, the same file, "runs"."""
+def test_a_model_whose_local_function_computes_in_fp16_validates_through_its_twin(tmp_path, capsys):
+    """A model holding fp16, in a local function's body too, runs through
+    its emulation twin on the CPU (the input of a conversion, either file
+    of compare). The twin inlines the call, so the body computes float32
+    rounded to fp16 like the rest; it left the body as written, whose fp16
+    Constant met the twin's float32 input: onnxruntime refused the twin
+    (exit 3). The per-node diff lists the nodes it did without the twin
+    (--emulate never): the inlined body's tensors, in neither model as
+    written, are not compared, nor is the call's output, whose type
+    amp-convert does not infer."""
     path = _low_function_model(tmp_path / "m.onnx")
+    out, report = tmp_path / "o.onnx", tmp_path / "r.json"
+    assert main([str(path), "-o", str(out), "-q", "--provider", "cpu", "--report", str(report)]) == 0
+    v = json.loads(report.read_text())["validation"]
+    assert v["emulated"] and v["reference_emulated"] and v["passed"]
+    assert [n["name"] for n in v["nodes"]] == ["to16", "to32"]
+    assert all(n["error_after"] == 0 for n in v["nodes"]) and all(o["max_abs_err"] == 0 for o in v["outputs"])
+    assert main(["compare", str(path), str(path), "-q", "--provider", "cpu"]) == 0
+    capsys.readouterr()
+
+
+def test_an_emulation_twin_onnxruntime_cannot_load_is_amp_converts_failure_not_the_models(tmp_path, capsys):
+    """Where onnxruntime refuses a model's emulation twin but loads the
+    model as written (a local function at another opset than the model's,
+    which the twin leaves a call: see _low_function_model), the failure is
+    amp-convert's (exit 3, nothing written), named as the twin's with the
+    way round it; it was reported as the input model's (exit 2: "the input
+    model cannot be loaded by onnxruntime"), and compare blamed the
+    candidate file "where" the reference, the same file, "runs"."""
+    path = _low_function_model(tmp_path / "m.onnx", function_opset=16)
     out = tmp_path / "o.onnx"
     assert main([str(path), "-o", str(out), "-q", "--provider", "cpu"]) == 3
     err = capsys.readouterr().err

@@ -620,6 +620,136 @@ def test_reconverting_an_output_with_validation_adds_no_cast_and_changes_no_nume
             assert np.array_equal(out_a, out_b)
 
 
+def _nested_fp16_function_model() -> onnx.ModelProto:
+    """x -> Cast to fp16 -> k; c -> If(then: Outer(k, alpha=0.002), else:
+    k) -> t; Outer(k, alpha=0.001) -> h; y = h, z = t cast to fp32. The
+    local function local::Outer calls local::Inner (its input times an fp16
+    Constant 1000, named k as the main graph's tensor is) and scales the
+    result by its attribute alpha, cast like its input."""
+    from onnx import TensorProto, numpy_helper
+
+    f16, opsets = TensorProto.FLOAT16, [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
+    thousand = numpy_helper.from_array(np.array(1000, np.float16), "thousand")
+    inner = helper.make_function(
+        "local",
+        "Inner",
+        ["a"],
+        ["o"],
+        [helper.make_node("Constant", [], ["k"], value=thousand), helper.make_node("Mul", ["a", "k"], ["o"])],
+        opset_imports=opsets[:1],
+    )
+    alpha = helper.make_attribute_ref("value_float", onnx.AttributeProto.FLOAT)
+    alpha.ref_attr_name = "alpha"
+    scale = helper.make_node("Constant", [], ["s0"])
+    scale.attribute.append(alpha)
+    body = [
+        helper.make_node("Inner", ["a"], ["i"], domain="local"),
+        scale,
+        helper.make_node("CastLike", ["s0", "a"], ["s"]),
+        helper.make_node("Mul", ["i", "s"], ["o"]),
+    ]
+    outer = helper.make_function("local", "Outer", ["a"], ["o"], body, opset_imports=opsets, attributes=["alpha"])
+    branch_call = helper.make_node("Outer", ["k"], ["bt"], name="branch_call", domain="local", alpha=0.002)
+    then_branch = helper.make_graph([branch_call], "then", [], [helper.make_tensor_value_info("bt", f16, [4])])
+    else_branch = helper.make_graph(
+        [helper.make_node("Identity", ["k"], ["be"])], "else", [], [helper.make_tensor_value_info("be", f16, [4])]
+    )
+    nodes = [
+        helper.make_node("Cast", ["x"], ["k"], name="to16", to=f16),
+        helper.make_node("Outer", ["k"], ["h"], name="call", domain="local", alpha=0.001),
+        helper.make_node("If", ["c"], ["t"], name="if", then_branch=then_branch, else_branch=else_branch),
+        helper.make_node("Cast", ["h"], ["y"], name="y32", to=TensorProto.FLOAT),
+        helper.make_node("Cast", ["t"], ["z"], name="z32", to=TensorProto.FLOAT),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [value("x", shape=(4,)), value("c", onnx.TensorProto.BOOL, ())],
+        [value("y", shape=(4,)), value("z", shape=(4,))],
+    )
+    m = helper.make_model(graph, opset_imports=opsets, functions=[outer, inner])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("branch", [True, False])
+def test_an_emulation_twin_rounds_inside_local_functions_as_fp16_does(branch):
+    """Local function calls (nested, with an attribute, one in an If branch)
+    whose bodies compute in fp16: the twin inlines them and rounds each of
+    their fp16 tensors, so y and z are what fp16 arithmetic gives: x * 1000
+    overflows to inf for x = 100, which onnxruntime's CPU provider hides
+    running the model as written (y about 100). The twin left the bodies
+    as written: onnxruntime refused it."""
+    from helpers import run
+
+    m = _nested_fp16_function_model()
+    x, c = np.array([100, 1, -0.3, 0.07], np.float32), np.array(branch)
+    k = x.astype(np.float16)
+
+    def outer(alpha: float) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            return (k * np.float16(1000)) * np.float16(alpha)
+
+    y, z = run(emulation_twin(m), {"x": x, "c": c})
+    assert np.isinf(y[0]) and np.array_equal(y, outer(0.001).astype(np.float32))
+    assert np.array_equal(z, (outer(0.002) if branch else k).astype(np.float32), equal_nan=True)
+    assert run(m, {"x": x, "c": c})[0][0] == pytest.approx(100, rel=1e-3)
+
+
+def _calling_function_model(outer_opset: int, inner: onnx.NodeProto, inner_imports: list) -> onnx.ModelProto:
+    """x -> Cast to fp16 -> k; Outer(k) (at ``outer_opset``; it calls Inner)
+    + Inner(k) (``inner``, at ``inner_imports``) -> Cast to fp32 -> y; the
+    model imports opset 17 and local."""
+    from onnx import TensorProto
+
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
+    functions = [
+        helper.make_function(
+            "local",
+            "Outer",
+            ["a"],
+            ["o"],
+            [helper.make_node("Inner", ["a"], ["o"], domain="local")],
+            opset_imports=[helper.make_opsetid("", outer_opset), opsets[1]],
+        ),
+        helper.make_function("local", "Inner", ["a"], ["o"], [inner], opset_imports=inner_imports),
+    ]
+    nodes = [
+        helper.make_node("Cast", ["x"], ["k"], to=TensorProto.FLOAT16),
+        helper.make_node("Outer", ["k"], ["h"], domain="local"),
+        helper.make_node("Inner", ["k"], ["i"], domain="local"),
+        helper.make_node("Add", ["h", "i"], ["s"]),
+        helper.make_node("Cast", ["s"], ["y"], to=TensorProto.FLOAT),
+    ]
+    m = helper.make_model(
+        helper.make_graph(nodes, "g", [value("x", shape=(4,))], [value("y", shape=(4,))]),
+        opset_imports=opsets,
+        functions=functions,
+    )
+    m.ir_version = 8
+    return m
+
+
+def test_an_emulation_twin_keeps_what_functions_it_does_not_inline_call():
+    """onnx inlines no function at another opset than the model's (Outer,
+    at 16) and drops those it inlines: the twin declares them all again, as
+    Outer still calls Inner. A domain only a function imports
+    (com.microsoft) is imported by the twin, whose main graph now holds that
+    function's nodes."""
+    from helpers import run
+
+    x = np.array([1, 2, 3, 60000], np.float32)
+    adds = _calling_function_model(16, helper.make_node("Add", ["a", "a"], ["o"]), [helper.make_opsetid("", 17)])
+    twin = emulation_twin(adds)
+    assert [f.name for f in twin.functions] == ["Outer", "Inner"]
+    assert np.array_equal(run(twin, {"x": x})[0], [4, 8, 12, np.inf])  # (2 * 60000 overflows fp16)
+    gelu = helper.make_node("Gelu", ["a"], ["o"], domain="com.microsoft")
+    imports = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    twin = emulation_twin(_calling_function_model(17, gelu, imports))
+    assert ("com.microsoft", 1) in [(o.domain, o.version) for o in twin.opset_import]
+    assert run(twin, {"x": x})[0][:2] == pytest.approx([2 * 0.8413447, 2 * 1.9544997], rel=1e-3)
+
+
 def _relu(x: str = "x", elem: int = onnx.TensorProto.FLOAT, shape=("N", 4)) -> onnx.ModelProto:
     """x -> Cast(float) -> Relu -> y."""
     nodes = [helper.make_node("Cast", [x], ["f"], to=onnx.TensorProto.FLOAT), helper.make_node("Relu", ["f"], ["y"])]
