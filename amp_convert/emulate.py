@@ -24,6 +24,7 @@ from .dtypes import LOW_DTYPES
 from .errors import AmpError
 from .external import read_array
 from .graph import GraphContext, NameGenerator, build_context, name_in_use
+from .lists import CONTAINER_TYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
 from .schema import model_opsets
 from .typeinfo import infer_types
 
@@ -191,9 +192,6 @@ def _float_type(t: onnx.TypeProto) -> None:
 
 # Ops that make a sequence or an optional (no tensor: never a low output)
 # of the element type an attribute names.
-_CONTAINER_MAKERS = frozenset({"SequenceEmpty", "Optional"})
-
-
 def _float_attributes(node: onnx.NodeProto) -> None:
     """Make the fp16/bf16 type a node's attributes name float32: the
     ``dtype`` of its outputs, or the type of the optional it makes."""
@@ -213,7 +211,7 @@ def _rewrite(ctx: GraphContext, names: NameGenerator, base_dir: Path | None) -> 
     for sparse in graph.sparse_initializer:
         _float_value(sparse.values, base_dir)
     for node in ctx.nodes:
-        if node.op_type in ("Constant", "ConstantOfShape"):
+        if node.op_type in VALUE_ATTRIBUTE_OPS:
             for a in node.attribute:
                 if a.name == "value":
                     _float_value(a.t, base_dir)
@@ -222,7 +220,7 @@ def _rewrite(ctx: GraphContext, names: NameGenerator, base_dir: Path | None) -> 
             new_nodes.append(node)
             continue
         low_outputs = [(k, o) for k, o in enumerate(node.output) if o and ctx.types.get(o) in LOW_TYPES]
-        if low_outputs or node.op_type in _CONTAINER_MAKERS:
+        if low_outputs or node.op_type in CONTAINER_TYPE_ATTRIBUTE_OPS:
             _float_attributes(node)
         if not low_outputs:
             new_nodes.append(node)

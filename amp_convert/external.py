@@ -23,6 +23,7 @@ from google.protobuf.message import EncodeError
 from onnx import helper
 
 from .graph import GRAPH_OPS, node_subgraphs
+from .lists import VALUE_ATTRIBUTE_OPS
 
 PROTOBUF_LIMIT = 2**31 - 1  # a ModelProto cannot serialize past 2 GB
 CHUNK = 64 << 20
@@ -126,7 +127,7 @@ def all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     for sparse in graph.sparse_initializer:
         yield from (sparse.values, sparse.indices)
     for node in graph.node:
-        if node.op_type in GRAPH_OPS or node.domain not in ("", "ai.onnx") or node.op_type in _TENSOR_ATTRIBUTE_OPS:
+        if node.op_type in GRAPH_OPS or node.domain not in ("", "ai.onnx") or node.op_type in VALUE_ATTRIBUTE_OPS:
             for a in node.attribute:
                 if a.type == onnx.AttributeProto.TENSOR:
                     yield a.t
@@ -142,10 +143,6 @@ def all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
                 elif a.type == onnx.AttributeProto.GRAPHS:
                     for g in a.graphs:
                         yield from all_tensors(g)
-
-
-# Default-domain ops with tensor attributes.
-_TENSOR_ATTRIBUTE_OPS = frozenset({"Constant", "ConstantOfShape"})
 
 
 @dataclass(frozen=True)

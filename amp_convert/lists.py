@@ -234,7 +234,10 @@ DTYPE_ATTRIBUTE_OPS: dict[str, str] = {
     "BlackmanWindow": "output_datatype",
     "MelWeightMatrix": "output_datatype",
 }
+# Ops that make a constant from a tensor attribute of theirs (``value``).
 VALUE_ATTRIBUTE_OPS = frozenset({"Constant", "ConstantOfShape"})
+# Ops that make an empty sequence or optional of a type an attribute names.
+CONTAINER_TYPE_ATTRIBUTE_OPS = frozenset({"SequenceEmpty", "Optional"})
 
 # Ops whose result is exact in any float precision (they move, pick or
 # compare values): the per-node diff never names them as adding error.

@@ -218,10 +218,16 @@ def _asked_casts(slots_of: dict[int, list[int]] | None) -> _Asked | None:
 
 
 def _constant_outputs(ctx: GraphContext) -> set[str]:
-    """The tensors Constant and ConstantOfShape nodes write (whose low
-    versions may be copies: see :meth:`Rewriter._version`)."""
+    """The tensors constant-making nodes write (whose low versions may be
+    copies: see :meth:`Rewriter._version`)."""
     outs = ctx.outs
-    return {name for i, op in enumerate(ctx.ops) if op in ("Constant", "ConstantOfShape") for name in outs[i]}
+    return {name for i, op in enumerate(ctx.ops) if op in VALUE_ATTRIBUTE_OPS for name in outs[i]}
+
+
+def _constant_writes(ctx: GraphContext, name: str) -> bool:
+    """Whether a constant-making node of ``ctx`` writes ``name``."""
+    i = ctx.producer.get(name)
+    return i is not None and ctx.ops[i] in VALUE_ATTRIBUTE_OPS
 
 
 def _slot_reads(ctx: GraphContext, low_inputs: list[tuple[int, ...]]) -> _SlotReads:
@@ -320,7 +326,8 @@ class Rewriter:
         self._constants: list[tuple[onnx.TensorProto, str, bytes]] = []
         # per scope: (Casts to put first, Casts to put after node i), filled while its subgraphs are rewritten too
         self._placements: dict[str, tuple[list[bytes], dict[int, list[bytes]]]] = {}
-        self._unused_low: set[str] = set()  # constants whose low version no node uses (see _used_nowhere_low)
+        # (graph path, name) of constants whose low version no node uses (see _used_nowhere_low)
+        self._unused_low: set[tuple[str, str]] = set()
 
     def run(self, ctx: GraphContext) -> RewriteStats:
         self._rewrite_graph(ctx)
@@ -328,10 +335,19 @@ class Rewriter:
         for body in ctx.walk():  # (outer before inner)
             if body.parent is not None:
                 self._unshadow(body, renamed)
-        for name in self._unused_low:  # (what their low versions lost changes nothing: not reported)
-            self.stats.clipped.pop(name, None)
-            self.stats.flushed.pop(name, None)
+        self._forget_unused_losses(ctx)
         return self.stats
+
+    def _forget_unused_losses(self, root: GraphContext) -> None:
+        """What the low versions of constants no node uses lost changes
+        nothing: not reported. The counts go by name, over every graph: a
+        name is forgotten only where each graph's constant of that name is
+        unused (else what a used one lost would go unsaid)."""
+        for name in {name for _, name in self._unused_low}:
+            holders = [c.path for c in root.walk() if name in c.initializers or _constant_writes(c, name)]
+            if all((path, name) in self._unused_low for path in holders):
+                self.stats.clipped.pop(name, None)
+                self.stats.flushed.pop(name, None)
 
     # ------------------------------------------------------------------ graph
 
@@ -425,7 +441,7 @@ class Rewriter:
         if asked:
             self._make_asked(ctx, asked, top, after)
         if unused:
-            self._unused_low.update(_used_nowhere_low(ctx, unused, low_ins))
+            self._unused_low.update((ctx.path, name) for name in _used_nowhere_low(ctx, unused, low_ins))
         if ctx.parent is not None:
             self._fix_passthrough_outputs(ctx, top, after)
             for k in self.demand.low_output_positions(ctx):  # handed on low by its If
@@ -670,7 +686,7 @@ class Rewriter:
         if home is not ctx:
             top, after = self._placements[home.path]
         producer = home.producer.get(name)
-        if producer is not None and need == self.low.onnx_type and home.ops[producer] in ("Constant", "ConstantOfShape"):
+        if producer is not None and need == self.low.onnx_type and home.ops[producer] in VALUE_ATTRIBUTE_OPS:
             copy = self._constant_copy(home, producer, name, after)
             if copy is not None:
                 self._versions[home.path][name] = {**vs, need: copy}

@@ -26,7 +26,7 @@ from .dtypes import LowDtype
 from .errors import AmpError
 from .external import read_array
 from .graph import GraphContext
-from .lists import CONSTANT_MODE_INPUTS, PASS_THROUGH_ATTRIBUTES, PASS_THROUGH_OPS
+from .lists import CONSTANT_MODE_INPUTS, PASS_THROUGH_ATTRIBUTES, PASS_THROUGH_OPS, VALUE_ATTRIBUTE_OPS
 
 if TYPE_CHECKING:  # (calibration runs onnxruntime: its module is loaded where it is used)
     from .calibrate import Calibration
@@ -36,7 +36,7 @@ _MAX_DEPTH = 8
 # Half the smallest subnormal rounds to zero.
 _FP16_ZERO = 2.0**-25
 _BF16_ZERO = 2.0**-134
-_CONSTANT_CARRIERS = PASS_THROUGH_OPS.keys() | {"Constant", "ConstantOfShape"}
+_CONSTANT_CARRIERS = PASS_THROUGH_OPS.keys() | VALUE_ATTRIBUTE_OPS
 # Underflow matters for small constants (epsilons, scales) or when most of
 # the non-zero values of a tensor would vanish; a few tiny weights do not.
 SMALL_CONSTANT = 16
@@ -364,7 +364,7 @@ class ConstantRanges:
                     todo.append((scope, name, depth + 1))
                 continue
             op = ctx.ops[producer]
-            if op in ("Constant", "ConstantOfShape"):
+            if op in VALUE_ATTRIBUTE_OPS:
                 constant = attribute_constant(ctx.nodes[producer], name)
                 if constant is not None:
                     found.append((ctx.path, *constant, f"constant {name!r}"))

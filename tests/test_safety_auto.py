@@ -129,6 +129,40 @@ def test_a_constant_value_a_pad_does_not_use_is_stored_low_without_a_clipping_re
     assert value.data_type == onnx.TensorProto.FLOAT16 and onnx.numpy_helper.to_array(value) == 65504
 
 
+def test_a_constant_used_in_a_branch_keeps_its_clipping_report_beside_an_unused_one_of_its_name():
+    """Clipping counts go by a constant's name, over every graph. The main
+    graph's cv (1e10) feeds a reflect-mode Pad, which does not use it; each
+    If branch holds a constant of its own named cv, which a constant-mode
+    Pad pads with: at O3 all three are stored clipped, and the branches'
+    clipping, which reaches their outputs, is reported (forgetting the
+    unused one's by name forgot theirs too)."""
+    half, cv = init("half", np.float32(0.5)), init("cv", np.float32(1e10))
+
+    def branch(tag: str) -> onnx.GraphProto:
+        nodes = [
+            helper.make_node("Pad", ["h", "pads", "cv"], [f"p{tag}"], name=f"pad{tag}"),
+            helper.make_node("Mul", [f"p{tag}", "half"], [f"o{tag}"], name=f"mul{tag}"),
+        ]
+        return helper.make_graph(nodes, f"b{tag}", [], [value(f"o{tag}", shape=(1, 6))], [cv])
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("Pad", ["h", "pads", "cv"], ["pr"], name="padr", mode="reflect"),
+        helper.make_node("Mul", ["pr", "half"], ["yr"], name="mulr"),
+        helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0, name="rs"),
+        helper.make_node("Greater", ["s", "zero"], ["c"], name="gt"),
+        helper.make_node("If", ["c"], ["y"], then_branch=branch("t"), else_branch=branch("e"), name="if"),
+    ]
+    weights = init("W", np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4))
+    initializers = [weights, init("pads", np.int64([0, 1, 0, 1])), cv, half, init("zero", np.float32(0))]
+    m = model(nodes, [value("x", shape=(1, 4))], [value("yr", shape=(1, 6)), value("y", shape=(1, 6))], initializers)
+    result = convert(m, level="O3")
+    assert result.stats.clipped == {"cv": 3}
+    # Without the branches, the main graph's unused cv is not reported.
+    alone = model(nodes[:3], [value("x", shape=(1, 4))], [value("yr", shape=(1, 6))], initializers[:4])
+    assert convert(alone, level="O3").stats.clipped == {}
+
+
 def test_calibrated_rule_needs_reference_data():
     m = HOSTILE["softmax_large_logits"]()
     _, plan = convert(m, level="O2")
