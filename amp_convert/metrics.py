@@ -5,12 +5,14 @@ arrays can be dropped.
 Outputs that are not tensors compare by what they hold: an optional's value
 where both models have one (empty in both is equal), a map's values key by
 key, and a sequence's elements one by one, each an output of its own
-(``out[0]``, ``out[1]``, ...: :class:`SequenceStats`). Where their structure
-differs (a length, presence, the keys) the sample fails.
+(``out[0]``, ``out[1]``, ...: :class:`SequenceStats`; past ELEMENT_ROWS
+elements one row stands for them all, :class:`ElementSummary`). Where their
+structure differs (a length, presence, the keys) the sample fails.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -105,13 +107,15 @@ def _presence(ref: Any, cand: Any) -> str | None:
     return "empty in fp32, present in the converted model" if ref is None else "present in fp32, empty in the converted model"
 
 
-def _map_values(ref: Any, cand: Any) -> tuple[np.ndarray, np.ndarray] | str:
-    """A map's values in both models, in key order; or how their keys differ."""
+def _map_values(ref: Any, cand: Any, dtype: np.dtype | None) -> tuple[np.ndarray, np.ndarray] | str:
+    """A map's values in both models, in key order (the reference's in
+    ``dtype``, its declared value type: onnxruntime gives a ZipMap's float32
+    values as Python floats); or how their keys differ."""
     if ref.keys() != cand.keys():
         shared = len(ref.keys() & cand.keys())
         return f"the map's keys differ ({len(ref)} in fp32, {len(cand)} in the converted model, {shared} shared)"
     keys = sorted(ref)
-    return np.array([ref[k] for k in keys]), np.array([cand[k] for k in keys])
+    return np.array([ref[k] for k in keys], dtype=dtype), np.array([cand[k] for k in keys])
 
 
 class ErrorStats:
@@ -119,12 +123,15 @@ class ErrorStats:
     tensor's, or a map's values: see :meth:`update`).
 
     ``detailed=False`` (intermediate tensors of the per-node diff) keeps only
-    what the relative RMS error needs, at a fraction of the cost.
+    what the relative RMS error needs, at a fraction of the cost;
+    ``map_values``: the declared type of a map output's values.
     """
 
-    def __init__(self, name: str, detailed: bool = True):
+    def __init__(self, name: str, detailed: bool = True, map_values: np.dtype | None = None):
         self.name = name
         self.detailed = detailed
+        self.map_values = map_values
+        self.element: tuple[str, int] | None = None  # (sequence, index) where this is a sequence's element
         self.kind = ""  # "float" or "exact"
         self.dtype = ""
         self.count = 0
@@ -149,18 +156,20 @@ class ErrorStats:
         self._axes_shape: tuple[int, ...] | None = None  # the shape they are kept for (() once shapes differ)
         self._axes_samples = 0  # the samples folded into them
 
-    def update(self, ref: Any, cand: Any) -> None:
+    def update(self, ref: Any, cand: Any, sample: int | None = None) -> None:
         """Fold in one sample: two arrays; an optional's values (None: empty);
-        or two maps, compared by key (their values as arrays in key order)."""
+        or two maps, compared by key (their values as arrays in key order).
+        ``sample``: its number among all samples, where this output is not
+        in every one (a sequence's element) and a mismatch must name it."""
         if ref is None and cand is None:
             self.samples += 1
             self.empty += 1
             return
         if ref is None or cand is None or isinstance(ref, dict) or isinstance(cand, dict):
-            pair = _presence(ref, cand) or _map_values(ref, cand)
+            pair = _presence(ref, cand) or _map_values(ref, cand, self.map_values)
             if isinstance(pair, str):
                 self.samples += 1
-                self.structure.add(self.samples, pair)
+                self.structure.add(sample or self.samples, pair)
                 return
             ref, cand = pair
         ref, cand = np.asarray(ref), np.asarray(cand)
@@ -381,7 +390,7 @@ class ErrorStats:
         kind "empty": no sample had values in both models (an optional
         output, empty in one or both), so there are no metrics."""
         kind = self.kind or ("empty" if self.empty or self.structure.count else "float")
-        d: dict = {"name": self.name, "dtype": self.dtype, "kind": kind, "samples": self.samples}
+        d: dict = {"name": self.name, "dtype": self.dtype, "kind": kind, "samples": self.samples, **_element_fields(self)}
         if self.shape_mismatch:
             d["shape_mismatch"] = self.shape_mismatch
         if self.structure.count:
@@ -417,6 +426,11 @@ class ErrorStats:
         return d
 
 
+# A sequence of more elements than this reports them as one row (ElementSummary),
+# listing at most this many of the worst failing ones beside it.
+ELEMENT_ROWS = 16
+
+
 class SequenceStats:
     """Streaming comparison of a sequence output (or an optional one) across
     samples: its length in both models, and each element as an output of
@@ -424,20 +438,33 @@ class SequenceStats:
     sequence of sequences), judged by the same tolerance. A sample whose
     lengths differ, or that is empty in one model only, fails the sequence
     and compares no elements: which of them would pair up is anyone's guess.
+
+    ``taken``: the report's row names so far, shared by every output, so
+    that an element's row never takes a name another row has (an output
+    literally named ``out[0]``); ``map_values``: the declared type of its
+    maps' values.
     """
 
     kind = "sequence"
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, taken: set[str] | None = None, map_values: np.dtype | None = None):
         self.name = name
+        self.taken = {name} if taken is None else taken
+        self.map_values = map_values
+        self.element: tuple[str, int] | None = None  # (sequence, index) where this is a sequence's element
         self.samples = 0
         self.structure = StructureDiffs()
         self.empty = 0  # samples where an optional sequence is empty in both models (equal)
+        self.absent = False  # whether it was empty (an optional's None) in either model in some sample
         self.lengths: tuple[int, int] | None = None  # fewest and most elements, over the samples compared
         self.elements: dict[int, ErrorStats | SequenceStats] = {}
+        self._summary_name = ""
 
-    def update(self, ref: Any, cand: Any) -> None:
+    def update(self, ref: Any, cand: Any, sample: int | None = None) -> None:
+        """Fold in one sample (``sample``: its number among all, as :meth:`ErrorStats.update`)."""
         self.samples += 1
+        sample = sample or self.samples
+        self.absent = self.absent or ref is None or cand is None
         if ref is None and cand is None:
             self.empty += 1
             return
@@ -445,22 +472,46 @@ class SequenceStats:
         if differs is None and len(ref) != len(cand):
             differs = f"{len(ref)} element(s) in fp32, {len(cand)} in the converted model"
         if differs is not None:
-            self.structure.add(self.samples, differs)
+            self.structure.add(sample, differs)
             return
         n = len(ref)
         self.lengths = (n, n) if self.lengths is None else (min(self.lengths[0], n), max(self.lengths[1], n))
         for i, (r, c) in enumerate(zip(ref, cand, strict=True)):
             element = self.elements.get(i)
             if element is None:
-                name = f"{self.name}[{i}]"
-                element = self.elements[i] = SequenceStats(name) if isinstance(r, list) else ErrorStats(name)
-            element.update(r, c)
+                name = self._unique(f"{self.name}[{i}]")
+                if isinstance(r, list):
+                    element = SequenceStats(name, self.taken, self.map_values)
+                else:
+                    element = ErrorStats(name, map_values=self.map_values)
+                element.element = (self.name, i)
+                self.elements[i] = element
+            element.update(r, c, sample)
 
-    def records(self) -> list[ErrorStats | SequenceStats]:
-        """This sequence and its elements (theirs after each), in index order: one report row each."""
-        found: list[ErrorStats | SequenceStats] = [self]
-        for _, element in sorted(self.elements.items()):
-            found += element.records() if isinstance(element, SequenceStats) else [element]
+    def _unique(self, name: str) -> str:
+        """``name``, or where another row has it (an output so named) a variant no row has."""
+        base, k = name, 1
+        while name in self.taken:
+            k += 1
+            name = f"{base} (element)" if k == 2 else f"{base} (element {k - 1})"
+        self.taken.add(name)
+        return name
+
+    def records(self, tol: Tolerance) -> list[ErrorStats | SequenceStats | ElementSummary]:
+        """This sequence and its elements (theirs after each), in index order:
+        one report row each. Past ELEMENT_ROWS elements (a classifier's
+        ZipMap gives one per row of a batch), one row for them all and rows
+        for the worst failing ones only."""
+        found: list[ErrorStats | SequenceStats | ElementSummary] = [self]
+        if len(self.elements) <= ELEMENT_ROWS:
+            shown = [e for _, e in sorted(self.elements.items())]
+        else:
+            self._summary_name = self._summary_name or self._unique(f"{self.name}[*]")
+            summary = ElementSummary(self._summary_name, self, tol)
+            found.append(summary)
+            shown = summary.listed
+        for element in shown:
+            found += element.records(tol) if isinstance(element, SequenceStats) else [element]
         return found
 
     @property
@@ -482,7 +533,9 @@ class SequenceStats:
         return []
 
     def as_dict(self, tol: Tolerance | None = None, only: tuple[str, ...] | None = None) -> dict:
-        d: dict = {"name": self.name, "dtype": "sequence", "kind": self.kind, "samples": self.samples}
+        """kind "empty" (as an optional tensor's) where no sample held it in both models."""
+        kind = "empty" if self.absent and self.lengths is None else self.kind
+        d: dict = {"name": self.name, "dtype": "sequence", "kind": kind, "samples": self.samples, **_element_fields(self)}
         if self.structure.count:
             d["structure_mismatch"] = self.structure.count
         if self.empty:
@@ -494,6 +547,109 @@ class SequenceStats:
             d.update(passed=not failures, failures=failures, checks=self.checks(tol, only))
         d["warnings"], d["warning_kinds"] = [], []
         return d
+
+
+class ElementSummary:
+    """One report row for the elements of a long sequence: how many pass,
+    the worst (failing before passing, then furthest past its limit:
+    :func:`_badness`), and the ELEMENT_ROWS worst failing ones, in index
+    order, to list beside it. Only those few are kept."""
+
+    kind = "elements"
+
+    def __init__(self, name: str, sequence: SequenceStats, tol: Tolerance):
+        self.name = name
+        self.sequence = sequence
+        self.count = len(sequence.elements)
+        self.failed = 0
+        worst = (False, -1.0, 0)
+        failing: list[tuple[float, int]] = []  # (badness, -index) of the worst failing ones, a min-heap
+        for i, element in sequence.elements.items():
+            fails = _fails(element, tol)
+            key = (fails, _badness(element, tol), -i)
+            worst = max(worst, key)
+            if fails:
+                self.failed += 1
+                (heapq.heappush if len(failing) < ELEMENT_ROWS else heapq.heappushpop)(failing, key[1:])
+        self.worst = sequence.elements[-worst[2]]
+        self.listed = [sequence.elements[i] for i in sorted(-minus_index for _, minus_index in failing)]
+        self.dtypes = sorted({e.dtype if isinstance(e, ErrorStats) else "sequence" for e in sequence.elements.values()} - {""})
+        self._worst_detail = _detail(self.worst, tol)
+
+    def checks(self, tol: Tolerance, only: tuple[str, ...] | None = None) -> dict[str, bool]:
+        every = {"elements": not self.failed}
+        return every if only is None else {k: ok for k, ok in every.items() if k in only}
+
+    def verdict(self, tol: Tolerance, only: tuple[str, ...] | None = None) -> list[str]:
+        if self.checks(tol, only).get("elements", True):
+            return []
+        reason = f"{self.failed} of {self.count} elements fail, the worst {self.worst.name} ({self._worst_detail})"
+        if self.failed > len(self.listed):
+            reason += f"; the {len(self.listed)} worst are listed, {self.failed - len(self.listed)} more are not"
+        return [reason]
+
+    def warnings(self, tol: Tolerance | None = None, only: tuple[str, ...] | None = None) -> list[OutputWarning]:
+        return []
+
+    def as_dict(self, tol: Tolerance, only: tuple[str, ...] | None = None) -> dict:
+        worst = {"name": self.worst.name, "index": self.worst.element[1], "detail": self._worst_detail}
+        elements = {"count": self.count, "passed": self.count - self.failed, "failed": self.failed, "listed": len(self.listed)}
+        failures = self.verdict(tol, only)
+        return {
+            "name": self.name,
+            "dtype": ",".join(self.dtypes),
+            "kind": self.kind,
+            "samples": self.sequence.samples,
+            "element_of": self.sequence.name,
+            "elements": {**elements, "worst": worst},
+            "passed": not failures,
+            "failures": failures,
+            "checks": self.checks(tol, only),
+            "warnings": [],
+            "warning_kinds": [],
+        }
+
+
+def _fails(stats: ErrorStats | SequenceStats, tol: Tolerance) -> bool:
+    """Whether an element, or anything in it, fails ``tol``."""
+    if isinstance(stats, ErrorStats):
+        return bool(stats.verdict(tol))
+    return bool(stats.verdict(tol)) or any(_fails(e, tol) for e in stats.elements.values())
+
+
+def _badness(stats: ErrorStats | SequenceStats, tol: Tolerance) -> float:
+    """How far an element lies past its tolerance (1: at the limit), to name
+    the worst of many: inf where its structure, shape or NaN/Inf differ."""
+    if isinstance(stats, SequenceStats):
+        return math.inf if stats.structure.count else max((_badness(e, tol) for e in stats.elements.values()), default=0.0)
+    if stats.structure.count or stats.shape_mismatch or stats.new_nonfinite or stats.lost_nonfinite:
+        return math.inf
+    if stats.kind == "exact":
+        off, allowed = 1.0 - stats.equal_fraction, 1.0 - tol.min_equal
+    elif stats.kind == "float":
+        off, allowed = stats.max_abs_err, tol.atol + tol.rtol * stats.max_abs_ref
+    else:
+        return 0.0
+    return off / allowed if allowed > 0 else (math.inf if off > 0 else 0.0)
+
+
+def _detail(stats: ErrorStats | SequenceStats, tol: Tolerance) -> str:
+    """An element's worst, in a few words: its first failure, or how close it comes."""
+    rows = stats.records(tol) if isinstance(stats, SequenceStats) else [stats]
+    for row in rows:
+        failures = row.verdict(tol)
+        if failures:
+            return failures[0] if row is stats else f"{row.name}: {failures[0]}"
+    if isinstance(stats, ErrorStats) and stats.kind == "float":
+        return f"max abs error {stats.max_abs_err:.3g} <= {tol.atol + tol.rtol * stats.max_abs_ref:.3g}"
+    if isinstance(stats, ErrorStats) and stats.kind == "exact":
+        return f"{stats.equal_fraction:.4f} equal"
+    return "as fp32's"
+
+
+def _element_fields(stats: ErrorStats | SequenceStats) -> dict:
+    """Where a row is a sequence's element, which sequence's and its index (its name need not say: see SequenceStats)."""
+    return {} if stats.element is None else {"element_of": stats.element[0], "index": stats.element[1]}
 
 
 def _index_ranges(indices: np.ndarray, most: int = 4) -> str:

@@ -18,8 +18,10 @@ SCHEMA_ID = "amp-convert-report"
 # 2: validation.reference_emulated and reference_emulation_note (a low-precision reference).
 # 3: validation.pinned (choices the candidate took from the reference, pin.py).
 # 4: warning_kinds beside each compared tensor's warnings (the same order).
-# 5: sequence and optional outputs: kinds "sequence" (its elements follow as outputs named name[i]) and
-#    "empty", and structure_mismatch, empty and lengths beside an output's metrics.
+# 5: sequence and optional outputs: kinds "sequence" (its elements follow as outputs named name[i], each
+#    with element_of and index; past 16 elements one row of kind "elements" for them all, then the worst
+#    failing ones) and "empty", and structure_mismatch, empty and lengths beside an output's metrics;
+#    warnings, warning_kinds and checks always there (unreleased between 3 and 5: one version).
 SCHEMA_VERSION = 5
 
 
@@ -128,9 +130,10 @@ def terminal_table(report: dict) -> str:
     widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
     lines = ["  ".join(str(c).ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
     differ = [f"mismatch: {out['name']}: {out['failures'][0]}" for out in v["outputs"] if _structure_differs(out)]
+    failing = [f"failing: {o['name']}: {o['failures'][0]}" for o in v["outputs"] if o["kind"] == "elements" and o["failures"]]
     warned = [f"warning: {out['name']}: {w}" for out in v["outputs"] for w in out.get("warnings", [])]
-    if differ or warned:
-        lines += ["", *differ, *warned]
+    if differ or failing or warned:
+        lines += ["", *differ, *failing, *warned]
     offenders = v["offenders"]  # (--top of them)
     if offenders:
         lines.append("")
@@ -159,6 +162,11 @@ def _metric_rows(label: str, out: dict, tol: dict, judged_only: bool = False) ->
         return [(label, "structure", "differs", "as fp32's", "FAIL")]
     if "shape" in checks:
         return [(label, "shape", "differs", "equal", "FAIL")]
+    if out["kind"] == "elements":  # (a long sequence's: the failing ones follow, the reason after the table)
+        e = out["elements"]
+        rows = [("elements passing", f"{e['passed']} of {e['count']}", "all", _pf(checks["elements"]))]
+        rows.append(("worst element", e["worst"]["name"], "", ""))
+        return [(label if k == 0 else "", *row) for k, row in enumerate(rows)]
     if out["kind"] in ("sequence", "empty"):
         return [(label, "length" if out["kind"] == "sequence" else "value", _held(out), "as fp32's", "PASS")]
     if out["kind"] == "exact":
@@ -360,6 +368,9 @@ def _output_row(label: str, o: dict, judged_only: bool = False) -> str:
             detail = "shape differs"
         elif o["kind"] == "exact":
             detail = f"equal fraction {o.get('equal_fraction', 0):.4f}"
+        elif o["kind"] == "elements":
+            e = o["elements"]
+            detail = f"{e['passed']} of {e['count']} elements pass; the worst {e['worst']['name']}: {e['worst']['detail']}"
         else:
             detail = f"sequence: {_held(o)}" if o["kind"] == "sequence" else "empty in both"
         return f"<tr><td>{html.escape(label)}</td><td colspan='7'>{html.escape(detail)}</td>{verdict}</tr>"

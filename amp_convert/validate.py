@@ -23,8 +23,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from .calibrate import Calibration
 from .dtypes import FLOAT_TYPES
@@ -33,7 +34,7 @@ from .errors import AmpError
 from .graph import build_context, tensor_names
 from .inputs import CandidateInputs, InputSource
 from .lists import EXACT_OPS
-from .metrics import DEFAULT_TOLERANCES, ErrorStats, SequenceStats, Tolerance
+from .metrics import DEFAULT_TOLERANCES, ElementSummary, ErrorStats, SequenceStats, Tolerance
 from .pin import Selection, find_selections, makes, pin
 from .plan import Plan
 from .runner import Runnable, choose_provider, runnable, value_bytes
@@ -129,7 +130,7 @@ class ValidationResult:
     dtype: str
     tolerance: Tolerance
     samples: int
-    outputs: list[ErrorStats | SequenceStats]  # a sequence output's elements follow it (SequenceStats.records)
+    outputs: list[ErrorStats | SequenceStats | ElementSummary]  # a sequence output's elements follow it (SequenceStats.records)
     nodes: list[NodeError] = field(default_factory=list)
     top: int = 10
     seconds: float = 0.0
@@ -216,6 +217,7 @@ class Validator:
         self.ref_ctx = _typed(reference)
         self.output_names = [v.name for v in reference.graph.output]
         self.sequence_outputs = {v.name for v in reference.graph.output if _holds_sequence(v.type)}
+        self.map_values = {v.name: _map_values(v.type) for v in reference.graph.output}
         self.cache_bytes = cache_bytes
         # (feeds, outputs) per sample of this source, when a calibration ran on the same samples
         known = calibration.outputs if calibration is not None and calibration.source is source else None
@@ -312,7 +314,13 @@ class Validator:
         exposed = [(n, cand_ctx.types[n]) for n in dict.fromkeys([*tensors, *judged])]
         run_model, own = pin(candidate, pins, tensor_names(cand_ctx)) if pins else (candidate, {})
         cand = runnable(run_model, cand_low, self.provider, config.emulate, exposed, self.base_dir, "candidate")
-        out_stats = {n: SequenceStats(n) if n in self.sequence_outputs else ErrorStats(n) for n in self.output_names}
+        taken = set(self.output_names)  # (the report's row names: an element's never takes an output's)
+        out_stats = {
+            n: SequenceStats(n, taken, self.map_values[n])
+            if n in self.sequence_outputs
+            else ErrorStats(n, map_values=self.map_values[n])
+            for n in self.output_names
+        }
         tensor_stats = {n: ErrorStats(n, detailed=False) for n in tensors}
         agreement = {s.name: ErrorStats(s.name) for s in pins}
         judged_stats = {n: ErrorStats(n) for n in judged}
@@ -322,7 +330,7 @@ class Validator:
             # the samples cast to the dtypes the candidate's inputs declare, and the reference's choices
             cand_values = cand.run({**feeds, **{s.name: ref_values[s.name] for s in pins}})
             for name, stats in out_stats.items():
-                stats.update(ref_values[name], cand_values[name])
+                stats.update(ref_values[name], cand_values[name], samples + 1)
             for name, stats in tensor_stats.items():
                 stats.update(ref_values[name], cand_values[name])
             for name, stats in agreement.items():
@@ -341,7 +349,7 @@ class Validator:
             dtype,
             tolerance,
             samples,
-            [r for s in out_stats.values() for r in (s.records() if isinstance(s, SequenceStats) else [s])],
+            [r for s in out_stats.values() for r in (s.records(tolerance) if isinstance(s, SequenceStats) else [s])],
             top=config.top,
             per_node_note=per_node_note,
             reference_emulated=self.reference_emulated,
@@ -432,6 +440,18 @@ def _holds_sequence(type_proto: onnx.TypeProto) -> bool:
     if type_proto.WhichOneof("value") == "optional_type":
         type_proto = type_proto.optional_type.elem_type
     return type_proto.WhichOneof("value") == "sequence_type"
+
+
+def _map_values(type_proto: onnx.TypeProto) -> np.dtype | None:
+    """The declared type of the values of the maps a value of this type
+    holds (a map, or a sequence or optional of them); None where it holds
+    none or does not say."""
+    while type_proto.WhichOneof("value") in ("sequence_type", "optional_type"):
+        type_proto = getattr(type_proto, type_proto.WhichOneof("value")).elem_type
+    if type_proto.WhichOneof("value") != "map_type":
+        return None
+    elem = type_proto.map_type.value_type.tensor_type.elem_type
+    return helper.tensor_dtype_to_np_dtype(elem) if elem and elem != TensorProto.STRING else None
 
 
 def _typed(model: onnx.ModelProto):

@@ -53,18 +53,26 @@ def _optional_model(present: bool = True) -> onnx.ModelProto:
     return model(nodes, [value("x", shape=(2, 4))], outputs, [init("W", WEIGHT)], opset=18)
 
 
-def _zipmap_model(labels: tuple[int, ...] = (10, 20, 30, 40), name: str = "probs") -> onnx.ModelProto:
+def _zipmap_model(
+    labels: tuple[int, ...] = (10, 20, 30, 40), name: str = "probs", rows: int | str = 2, shift: np.ndarray | None = None
+) -> onnx.ModelProto:
     """A classifier's tail: MatMul -> Softmax -> ZipMap, a sequence of
-    {label: probability} maps, one per row (as sklearn-onnx writes it),
-    output ``name``."""
+    {label: probability} maps, one per row of x (``rows`` of them) as
+    sklearn-onnx writes it, output ``name``; ``shift``: added to the logits
+    (a model that differs in some rows)."""
     nodes = [
         helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
         helper.make_node("Softmax", ["h"], ["p"], name="softmax", axis=1),
         helper.make_node("ZipMap", ["p"], [name], name="zip", domain="ai.onnx.ml", classlabels_int64s=list(labels)),
     ]
+    inits = [init("W", WEIGHT)]
+    if shift is not None:
+        nodes.insert(1, helper.make_node("Add", ["h0", "shift"], ["h"], name="shift"))
+        nodes[0].output[0] = "h0"
+        inits.append(init("shift", shift))
     maps = helper.make_sequence_type_proto(helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(F32, [])))
     outputs = [helper.make_value_info(name, maps)]
-    return model(nodes, [value("x", shape=(2, 4))], outputs, [init("W", WEIGHT)], extra_opsets=[("ai.onnx.ml", 3)])
+    return model(nodes, [value("x", shape=(rows, 4))], outputs, inits, extra_opsets=[("ai.onnx.ml", 3)])
 
 
 def _matmul_model() -> onnx.ModelProto:
@@ -206,6 +214,7 @@ def test_a_sequence_of_maps_compares_values_by_key(tmp_path):
     rows = _rows(_report(report_path))
     assert list(rows) == ["probs", "probs[0]", "probs[1]"]
     assert rows["probs[0]"]["kind"] == "float" and 0 < rows["probs[0]"]["max_abs_err"] < 1e-2
+    assert rows["probs[0]"]["dtype"] == "float32"  # (the declared value type: onnxruntime gives Python floats)
 
     cand = _save(_zipmap_model((10, 20, 30, 50)), tmp_path / "cand.onnx")
     proc = cli("compare", str(src), str(cand), "--report", str(report_path))
@@ -254,3 +263,126 @@ def test_a_sparse_constant_output_compares_as_the_dense_tensor_it_stands_for(tmp
     rows = _rows(_report(report_path))
     assert rows["S"]["kind"] == "float" and rows["S"]["max_abs_err"] == 0 and rows["S"]["max_abs_ref"] == 2.5
     assert rows["y"]["max_abs_err"] > 0
+
+
+def test_a_mismatch_in_an_element_names_the_sample_it_came_from(tmp_path):
+    """Samples of 1 row and of 3: probs[1] and probs[2] exist only in the
+    second sample, so their key mismatch is in sample 2 (it said 'sample 1',
+    each element counting the samples it was in)."""
+    ref = _save(_zipmap_model(rows="N"), tmp_path / "ref.onnx")
+    cand = _save(_zipmap_model((10, 20, 30, 50), rows="N"), tmp_path / "cand.onnx")
+    rng = np.random.default_rng(0)
+    for n in (1, 3):
+        np.savez(tmp_path / f"s{n}.npz", x=rng.standard_normal((n, 4)).astype(np.float32))
+    proc = cli("compare", str(ref), str(cand), "--inputs", str(tmp_path / "s1.npz"), "--inputs", str(tmp_path / "s3.npz"))
+    assert proc.returncode == 1, proc.stderr
+    keys = "the map's keys differ (4 in fp32, 4 in the converted model, 3 shared)"
+    assert f"mismatch: probs[0]: sample 1: {keys} (2 samples differ)" in proc.stdout
+    assert f"mismatch: probs[1]: sample 2: {keys}" in proc.stdout and f"mismatch: probs[2]: sample 2: {keys}" in proc.stdout
+
+
+def test_element_rows_say_whose_element_they_are_and_never_take_an_outputs_name(tmp_path):
+    """A sequence output ``s`` beside a tensor output literally named
+    ``s[0]``: the element's row is named apart from the output's (there
+    were two rows named s[0]) and says which sequence and index it is;
+    the output's row says neither."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("Relu", ["h"], ["s[0]"], name="relu"),
+        helper.make_node("SequenceConstruct", ["h", "h"], ["s"], name="sc"),
+    ]
+    outputs = [helper.make_tensor_sequence_value_info("s", F32, None), value("s[0]", shape=(2, 4))]
+    src = _save(model(nodes, [value("x", shape=(2, 4))], outputs, [init("W", WEIGHT)]), tmp_path / "collide.onnx")
+    report_path = tmp_path / "r.json"
+    proc = cli("compare", str(src), str(src), "--report", str(report_path))
+    assert proc.returncode == 0, proc.stderr
+    outputs = _report(report_path)["validation"]["outputs"]
+    assert [(o["name"], o.get("element_of"), o.get("index")) for o in outputs] == [
+        ("s", None, None),
+        ("s[0] (element)", "s", 0),
+        ("s[1]", "s", 1),
+        ("s[0]", None, None),
+    ]
+
+
+def test_a_long_sequence_reports_one_row_for_its_elements_and_lists_the_failing_ones(tmp_path):
+    """A ZipMap over 40 rows: one row for its elements (how many pass, the
+    worst by name and index), not 40 (20,000 rows printed 120,008 lines);
+    against a candidate off in rows 3 and 30 the row fails and only those
+    two are listed; against one off in every row, the 16 worst are listed
+    and the rest counted. Terminal, JSON and HTML agree."""
+    src = _save(_zipmap_model(rows=40), tmp_path / "zip.onnx")
+    report_path, html_path = tmp_path / "r.json", tmp_path / "r.html"
+    proc = cli(str(src), "--level", "O3", "-o", str(tmp_path / "o.onnx"), "--report", str(report_path))
+    assert proc.returncode == 0, proc.stderr
+    [seq, summary] = _report(report_path)["validation"]["outputs"]
+    assert seq["name"] == "probs" and seq["lengths"] == [40, 40]
+    assert summary["name"] == "probs[*]" and summary["kind"] == "elements" and summary["element_of"] == "probs"
+    elements = summary["elements"]
+    assert summary["passed"] and (elements["count"], elements["passed"], elements["failed"], elements["listed"]) == (40, 40, 0, 0)
+    assert elements["worst"]["name"] == f"probs[{elements['worst']['index']}]"
+    assert elements["worst"]["detail"].startswith("max abs error ")
+    assert "probs[*] elements passing 40 of 40 all PASS" in _lines(proc.stdout) and "probs[1]" not in proc.stdout
+
+    shift = np.zeros((40, 4), np.float32)
+    shift[3, 0], shift[30, 1] = 0.5, 2.0
+    cand = _save(_zipmap_model(rows=40, shift=shift), tmp_path / "cand.onnx")
+    proc = cli("compare", str(src), str(cand), "--report", str(report_path), "--html", str(html_path))
+    assert proc.returncode == 1, proc.stderr
+    rows = _rows(_report(report_path))
+    assert list(rows) == ["probs", "probs[*]", "probs[3]", "probs[30]"]
+    elements = rows["probs[*]"]["elements"]
+    assert (elements["passed"], elements["failed"], elements["listed"]) == (38, 2, 2)
+    assert elements["worst"]["name"] == "probs[30]" and elements["worst"]["index"] == 30
+    assert not rows["probs[3]"]["passed"] and rows["probs[3]"]["index"] == 3
+    reason = rows["probs[*]"]["failures"][0]
+    assert reason.startswith("2 of 40 elements fail, the worst probs[30] (max abs error ")
+    assert "probs[*] elements passing 38 of 40 all FAIL" in _lines(proc.stdout)
+    assert f"failing: probs[*]: {reason}" in proc.stdout
+    page = html_path.read_text()
+    assert "<td>probs[*]</td><td colspan='7'>38 of 40 elements pass; the worst probs[30]: max abs error" in page
+
+    shift[:] = np.linspace(0.1, 2, 40, dtype=np.float32)[:, None] * np.array([1, 0, 0, 0], np.float32)
+    cand = _save(_zipmap_model(rows=40, shift=shift), tmp_path / "cand.onnx")
+    proc = cli("compare", str(src), str(cand), "--report", str(report_path))
+    assert proc.returncode == 1, proc.stderr
+    rows = _rows(_report(report_path))
+    listed = [o["index"] for o in rows.values() if o["kind"] == "float"]
+    assert list(rows)[:2] == ["probs", "probs[*]"] and len(listed) == 16 and listed == sorted(listed)
+    assert rows["probs[*]"]["elements"]["worst"]["index"] in listed
+    assert rows["probs[*]"]["failures"][0].endswith("; the 16 worst are listed, 24 more are not")
+
+
+def test_an_optional_sequence_empty_in_both_models_is_kind_empty(tmp_path):
+    """An optional sequence that no sample held in both models is kind
+    "empty", as an optional tensor's (it said "sequence"), and its row says
+    it was empty in both."""
+    optional = helper.make_optional_type_proto(helper.make_sequence_type_proto(helper.make_tensor_type_proto(F32, None)))
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("Optional", [], ["o"], name="opt", type=optional.optional_type.elem_type),
+    ]
+    outputs = [value("h", shape=(2, 4)), helper.make_value_info("o", optional)]
+    src = _save(model(nodes, [value("x", shape=(2, 4))], outputs, [init("W", WEIGHT)], opset=18), tmp_path / "opt.onnx")
+    report_path = tmp_path / "r.json"
+    proc = cli(str(src), "--level", "O2", "-o", str(tmp_path / "o.onnx"), "--report", str(report_path))
+    assert proc.returncode == 0, proc.stderr
+    row = _rows(_report(report_path))["o"]
+    assert row["kind"] == "empty" and row["empty"] == 2 and row["passed"] and "lengths" not in row
+    assert "o value empty in both as fp32's PASS" in _lines(proc.stdout)
+
+
+def test_the_schema_requires_what_every_output_row_has(tmp_path):
+    """Every row of a report (convert, compare) has its checks, warnings and
+    warning_kinds, so the schema requires them: a row without is refused."""
+    src = _save(_sequence_model(), tmp_path / "seq.onnx")
+    for args in ([str(src), "--level", "O2", "-o", str(tmp_path / "o.onnx")], ["compare", str(src), str(src)]):
+        report_path = tmp_path / "r.json"
+        assert cli(*args, "--report", str(report_path)).returncode == 0
+        report = _report(report_path)
+        for key in ("checks", "warnings", "warning_kinds"):
+            for row in report["validation"]["outputs"]:
+                broken = json.loads(json.dumps(report))
+                del next(o for o in broken["validation"]["outputs"] if o["name"] == row["name"])[key]
+                with pytest.raises(jsonschema.ValidationError):
+                    jsonschema.validate(broken, report_schema())
