@@ -482,6 +482,27 @@ def unused_slot(op: str, node: onnx.NodeProto) -> int | None:
     return None if slot is None or _in_constant_mode(node) else slot
 
 
+def unused_values(ctx: GraphContext) -> set[str]:
+    """The tensors of ``ctx`` that only nodes not using them in their mode
+    read (see :func:`unused_slot`), no subgraph and no graph output: what
+    they hold reaches no value, so a change to it is no error."""
+    ops, nodes, ins = ctx.ops, ctx.nodes, ctx.ins
+    names = []
+    for i in [i for i, op in enumerate(ops) if op in CONSTANT_MODE_INPUTS]:
+        slot = unused_slot(ops[i], nodes[i])
+        if slot is not None and slot < len(ins[i]) and ins[i][slot]:
+            names.append(ins[i][slot])
+    ctx.gather_readers(names)
+    outputs = set(ctx.output_names)
+    return {
+        name
+        for name in names
+        if name not in ctx.captured_by
+        and name not in outputs
+        and all(slot == unused_slot(ops[j], nodes[j]) for j, slot in ctx.readers(name))
+    }
+
+
 def _in_constant_mode(node: onnx.NodeProto) -> bool:
     """Whether a Pad pads with a value of its own (``mode`` absent or
     "constant"), rather than with values of its data (reflect, edge, wrap)."""
@@ -541,11 +562,14 @@ def attribute_constant(node: onnx.NodeProto, name: str) -> tuple[str, onnx.Tenso
 def data_range_problem(ctx: GraphContext, node: onnx.NodeProto, calibration: Calibration | None, data_max: float) -> str | None:
     """Calibrated rule: a node whose float inputs or outputs reached more than
     ``data_max`` in magnitude in the fp32 run stays fp32 (main graph only:
-    calibration sees the main graph's tensors)."""
+    calibration sees the main graph's tensors). An input the node does not
+    read in its mode (see :func:`unused_slot`) is not judged."""
     if calibration is None or ctx.parent is not None:
         return None
     worst, where = 0.0, ""
-    for name in (*node.input, *node.output):
+    unused = unused_slot(node.op_type, node)
+    inputs = [name for k, name in enumerate(node.input) if k != unused]
+    for name in (*inputs, *node.output):
         value = calibration.abs_max(name) if name else None
         if value is not None and value > worst:
             worst, where = value, name

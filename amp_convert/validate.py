@@ -38,6 +38,7 @@ from .metrics import DEFAULT_TOLERANCES, ElementSummary, ErrorStats, SequenceSta
 from .pin import Selection, find_selections, makes, pin
 from .plan import Plan
 from .runner import Runnable, choose_provider, runnable, value_bytes
+from .safety import unused_values
 from .schema import model_opsets
 from .typeinfo import infer_types
 
@@ -293,11 +294,13 @@ class Validator:
         per_node_note = ""
         if config.per_node is not False:
             ref_ctx = self.ref_ctx
+            unused = unused_values(ref_ctx)  # (a Pad's constant_value outside constant mode: stored low, maybe clipped)
             tensors = [
                 name
                 for node in ref_ctx.nodes
                 for name in node.output
                 if name
+                and name not in unused
                 and ref_ctx.types.get(name) in FLOAT_TYPES
                 and name in cand_ctx.producer
                 and cand_ctx.types.get(name) in FLOAT_TYPES

@@ -96,6 +96,38 @@ def test_the_command_judges_a_pad_on_its_constant_value_in_constant_mode_only(mo
 
 
 @pytest.mark.parametrize(
+    ("mode", "level", "returncode", "precision", "blamed"),
+    [
+        ("reflect", "O1", 0, "low", False),
+        ("reflect", "O2", 0, "low", False),
+        ("constant", "O1", 0, "fp32", False),
+        ("constant", "O2", 0, "fp32", False),
+        ("constant", "O3", 1, "low", True),
+    ],
+)
+def test_a_constant_node_a_pad_does_not_use_neither_keeps_it_fp32_nor_is_blamed(
+    mode, level, returncode, precision, blamed, tmp_path
+):
+    """A Pad-13 whose constant_value (1e10) comes from a Constant node, in
+    the command's default run (calibrated and validated): in reflect mode
+    the calibrated rule kept it fp32 ("'cv' reaches 1e+10 in the fp32 run"),
+    and once it ran low the per-node diff ranked the Constant, stored
+    clipped, first (0 -> 1), though nothing uses its value. In constant mode
+    the value is used: kept fp32 at O1/O2, clipped and blamed at O3."""
+    path, plan_path, report_path = tmp_path / "pad.onnx", tmp_path / "plan.json", tmp_path / "r.json"
+    onnx.save(pads_model([mode], 13, constant_node=True), str(path))
+    args = ["--level", level, "-o", str(tmp_path / "o.onnx"), "--plan-json", str(plan_path), "--report", str(report_path)]
+    proc = cli(str(path), *args)
+    assert proc.returncode == returncode, proc.stderr
+    pad = next(n for n in json.loads(plan_path.read_text())["nodes"] if n["name"] == "pad0")
+    assert pad["precision"] == precision
+    validation = json.loads(report_path.read_text())["validation"]
+    assert validation["passed"] is not blamed
+    assert ("cvc" in [n["name"] for n in validation["offenders"]]) is blamed
+    assert ("cvc (Constant, low)" in proc.stdout) is blamed
+
+
+@pytest.mark.parametrize(
     ("modes", "opset", "level", "clipped"),
     [
         (["reflect"], 13, "O2", {}),
