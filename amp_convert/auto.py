@@ -60,6 +60,11 @@ class Trial:
         }
 
 
+def trials_phrase(n: int) -> str:
+    """``n`` trials, said as a count ("1 trial", "3 trials")."""
+    return f"{n} trial{'' if n == 1 else 's'}"
+
+
 @dataclass
 class AutoResult:
     conversion: ConversionResult
@@ -72,6 +77,11 @@ class AutoResult:
     @property
     def low_compute(self) -> float:
         return next((t.low_compute for t in self.trials if t.number == self.chosen), 0.0)
+
+    @property
+    def tried(self) -> str:
+        """How many trials ran, said as a count."""
+        return trials_phrase(len(self.trials))
 
     def as_dict(self) -> dict:
         kept = {e.name: e.reason for e in self.conversion.plan if e.precision is Precision.FP32 and e.rule != "control-flow"}
@@ -326,7 +336,7 @@ def auto_convert(
     if search.best is None:
         fp32 = replace(options, level="O0", only_white_list=None, only_black_list=None)  # (O0 takes no list)
         fallback = convert(reference, fp32.validated(), check=check, external_dir=external_dir)
-        tried = f"{len(search.trials)} trial{'' if len(search.trials) == 1 else 's'}"
+        tried = trials_phrase(len(search.trials))
         fallback.plan.notes.append(f"auto: no assignment met the tolerance in {tried}; the model stays fp32")
         return AutoResult(fallback, None, search.trials, start, time.perf_counter() - began, chosen=0)
     _, result, validation, number = search.best

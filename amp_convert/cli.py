@@ -688,8 +688,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         for hint in result.plan.hints:
             click.echo(f"hint: {hint}")
         c = report["plan"]["counts"]
-        tried = f"{len(searched.trials)} trial{'' if len(searched.trials) == 1 else 's'}" if searched else ""
-        level = f"auto ({tried}, {searched.low_compute:.1%} of compute low)" if searched else result.plan.level
+        level = f"auto ({searched.tried}, {searched.low_compute:.1%} of compute low)" if searched else result.plan.level
         click.echo(
             f"{model} -> {output if write else '(not written: out of tolerance; --write-on-fail writes it)'}: "
             f"{level} {options.dtype}, "

@@ -25,7 +25,7 @@ from .errors import AmpError
 from .external import read_array
 from .graph import GraphContext, NameGenerator, build_context, name_in_use
 from .lists import CONTAINER_TYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
-from .schema import model_opsets
+from .schema import is_default_domain, model_opsets
 from .typeinfo import infer_types
 
 LOW_TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
@@ -130,23 +130,19 @@ def _inline_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     # A domain only functions import is imported by the model, at the first
     # version one asks for (functions asking another stay calls), for the
     # inlined nodes of that domain.
-    imported = {_domain(o.domain) for o in model.opset_import}
+    imported = set(model_opsets(model))
     for function in model.functions:
         for opset in function.opset_import:
-            if _domain(opset.domain) not in imported:
+            domain = "" if is_default_domain(opset.domain) else opset.domain
+            if domain not in imported:
                 model.opset_import.append(opset)
-                imported.add(_domain(opset.domain))
+                imported.add(domain)
     inlined = inliner.inline_local_functions(model)
     del inlined.graph.initializer[:]
     inlined.graph.initializer.extend(tensors)
     del inlined.functions[:]
     inlined.functions.extend(model.functions)
     return inlined
-
-
-def _domain(name: str) -> str:
-    """An opset's domain, the default one by either of its names."""
-    return "" if name == "ai.onnx" else name
 
 
 def _rewrite_inner_first(ctx: GraphContext, names: NameGenerator, base_dir: Path | None) -> None:
@@ -182,16 +178,12 @@ def _float_type(t: onnx.TypeProto) -> None:
         held = getattr(t, kind)
         if held.elem_type in LOW_TYPES:
             held.elem_type = TensorProto.FLOAT
-    elif kind == "sequence_type":
-        _float_type(t.sequence_type.elem_type)
-    elif kind == "optional_type":
-        _float_type(t.optional_type.elem_type)
+    elif kind in ("sequence_type", "optional_type"):
+        _float_type(getattr(t, kind).elem_type)
     elif kind == "map_type":
         _float_type(t.map_type.value_type)
 
 
-# Ops that make a sequence or an optional (no tensor: never a low output)
-# of the element type an attribute names.
 def _float_attributes(node: onnx.NodeProto) -> None:
     """Make the fp16/bf16 type a node's attributes name float32: the
     ``dtype`` of its outputs, or the type of the optional it makes."""

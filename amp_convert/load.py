@@ -566,45 +566,20 @@ def _int_field(info: dict[str, str], key: str, label: Path, tensor: onnx.TensorP
 
 
 def _check_external_data(tensors: list[onnx.TensorProto], label: Path) -> None:
-    """External data must stay inside the model's folder and be long enough."""
+    """External data must stay inside the model's folder and be long enough.
+    (Each location is checked once, for the first tensor naming it: the
+    tensors of a large model share a few files.)"""
     try:
         base = label.parent.resolve()
     except (OSError, RuntimeError) as e:
         raise AmpError(f"{label}: cannot resolve the model's folder ({_detail(e)})") from None
+    sizes: dict[str, int] = {}  # location -> its file's size
     for tensor in tensors:
         info = {e.key: e.value for e in tensor.external_data}
         location = info.get("location", "")
-        if not location:
-            raise AmpError(f"{label}: tensor {tensor.name!r} has external data without a location")
-        if not isinstance(location, str) or "\x00" in location:
-            raise AmpError(f"{label}: tensor {tensor.name!r} has an invalid external data location {_detail(location)}")
-        try:
-            absolute = Path(location).is_absolute() or bool(Path(location).drive)
-            target = (base / location).resolve()
-        except (OSError, RuntimeError, ValueError) as e:
-            raise AmpError(f"{label}: tensor {tensor.name!r}: bad external data location {location!r} ({_detail(e)})") from None
-        if absolute:
-            raise AmpError(
-                f"{label}: tensor {tensor.name!r} has an absolute external data location ({_detail(location)}); refused: "
-                "external data must be a relative path inside the model's folder"
-            )
-        if not target.is_relative_to(base):
-            lexical = os.path.normpath(location).split(os.sep)[0] == os.pardir
-            via = "" if lexical else " through a symbolic link"
-            raise AmpError(
-                f"{label}: tensor {tensor.name!r} points outside the model's folder{via} ({_detail(location)}); refused: "
-                "external data must be a relative path inside the model's folder"
-            )
-        if not target.is_file():
-            what = "is not a regular file" if target.exists() else "is missing"
-            raise AmpError(f"{label}: external data file {location!r} of tensor {tensor.name!r} {what}")
-        why = _why_unopenable(base, location)
-        if why is not None:
-            raise AmpError(
-                f"{label}: tensor {tensor.name!r} has external data location {location!r}, which cannot be opened "
-                f"as written: {why} (a '..' needs the folder it steps out of; onnxruntime opens the path as written); refused"
-            )
-        _remember_input(target)
+        size = sizes.get(location) if isinstance(location, str) else None
+        if size is None:
+            size = sizes[location] = _checked_location(base, location, tensor, label)
         offset = _int_field(info, "offset", label, tensor) or 0
         length = _int_field(info, "length", label, tensor)
         expected = _expected_bytes(tensor)
@@ -614,12 +589,49 @@ def _check_external_data(tensors: list[onnx.TensorProto], label: Path) -> None:
                 f"but its shape and type need {expected} bytes (a corrupt or mismatched model)"
             )
         needed = offset + (length if length is not None else expected or 0)
-        size = target.stat().st_size
         if needed > size or offset > size:
             raise AmpError(
                 f"{label}: external data file {location!r} is too short for tensor {tensor.name!r} "
                 f"(needs {max(needed, offset)} bytes, has {size})"
             )
+
+
+def _checked_location(base: Path, location: object, tensor: onnx.TensorProto, label: Path) -> int:
+    """The size of the file at external data ``location`` (of ``tensor``,
+    in the folder ``base``), refused where it is not a relative path to a
+    regular file inside the folder that the system opens as written."""
+    if not location:
+        raise AmpError(f"{label}: tensor {tensor.name!r} has external data without a location")
+    if not isinstance(location, str) or "\x00" in location:
+        raise AmpError(f"{label}: tensor {tensor.name!r} has an invalid external data location {_detail(location)}")
+    try:
+        absolute = Path(location).is_absolute() or bool(Path(location).drive)
+        target = (base / location).resolve()
+    except (OSError, RuntimeError, ValueError) as e:
+        raise AmpError(f"{label}: tensor {tensor.name!r}: bad external data location {location!r} ({_detail(e)})") from None
+    if absolute:
+        raise AmpError(
+            f"{label}: tensor {tensor.name!r} has an absolute external data location ({_detail(location)}); refused: "
+            "external data must be a relative path inside the model's folder"
+        )
+    if not target.is_relative_to(base):
+        lexical = os.path.normpath(location).split(os.sep)[0] == os.pardir
+        via = "" if lexical else " through a symbolic link"
+        raise AmpError(
+            f"{label}: tensor {tensor.name!r} points outside the model's folder{via} ({_detail(location)}); refused: "
+            "external data must be a relative path inside the model's folder"
+        )
+    if not target.is_file():
+        what = "is not a regular file" if target.exists() else "is missing"
+        raise AmpError(f"{label}: external data file {location!r} of tensor {tensor.name!r} {what}")
+    why = _why_unopenable(base, location)
+    if why is not None:
+        raise AmpError(
+            f"{label}: tensor {tensor.name!r} has external data location {location!r}, which cannot be opened "
+            f"as written: {why} (a '..' needs the folder it steps out of; onnxruntime opens the path as written); refused"
+        )
+    _remember_input(target)
+    return target.stat().st_size
 
 
 def _why_unopenable(base: Path, location: str) -> str | None:

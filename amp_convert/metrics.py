@@ -161,19 +161,17 @@ class ErrorStats:
         or two maps, compared by key (their values as arrays in key order).
         ``sample``: its number among all samples, where this output is not
         in every one (a sequence's element) and a mismatch must name it."""
+        self.samples += 1
         if ref is None and cand is None:
-            self.samples += 1
             self.empty += 1
             return
         if ref is None or cand is None or isinstance(ref, dict) or isinstance(cand, dict):
             pair = _presence(ref, cand) or _map_values(ref, cand, self.map_values)
             if isinstance(pair, str):
-                self.samples += 1
                 self.structure.add(sample or self.samples, pair)
                 return
             ref, cand = pair
         ref, cand = np.asarray(ref), np.asarray(cand)
-        self.samples += 1
         self.dtype = self.dtype or str(ref.dtype)
         self.kind = self.kind or ("float" if is_float(ref.dtype) else "exact")
         if ref.shape != cand.shape:
@@ -347,7 +345,7 @@ class ErrorStats:
                 # Cosine says nothing about outputs that lie within atol of zero...
                 "cosine": self.cosine >= tol.min_cosine or self.max_abs_ref <= tol.atol,
             }
-        return every if only is None else {k: ok for k, ok in every.items() if k in only}
+        return _only(every, only)
 
     def warnings(self, tol: Tolerance | None = None, only: tuple[str, ...] | None = None) -> list[OutputWarning]:
         """What passes the tolerance but a person should still see (``tol``:
@@ -524,7 +522,7 @@ class SequenceStats:
     def checks(self, tol: Tolerance, only: tuple[str, ...] | None = None) -> dict[str, bool]:
         """Its own check is the structure's: its elements are judged as outputs of their own."""
         every = {"structure": not self.structure.count}
-        return every if only is None else {k: ok for k, ok in every.items() if k in only}
+        return _only(every, only)
 
     def verdict(self, tol: Tolerance, only: tuple[str, ...] | None = None) -> list[str]:
         return [self.structure.reason] if not self.checks(tol, only).get("structure", True) else []
@@ -547,6 +545,11 @@ class SequenceStats:
             d.update(passed=not failures, failures=failures, checks=self.checks(tol, only))
         d["warnings"], d["warning_kinds"] = [], []
         return d
+
+
+def _only(checks: dict[str, bool], only: tuple[str, ...] | None) -> dict[str, bool]:
+    """``checks``, of the criteria ``only`` names (None: all)."""
+    return checks if only is None else {k: ok for k, ok in checks.items() if k in only}
 
 
 class ElementSummary:
@@ -578,7 +581,7 @@ class ElementSummary:
 
     def checks(self, tol: Tolerance, only: tuple[str, ...] | None = None) -> dict[str, bool]:
         every = {"elements": not self.failed}
-        return every if only is None else {k: ok for k, ok in every.items() if k in only}
+        return _only(every, only)
 
     def verdict(self, tol: Tolerance, only: tuple[str, ...] | None = None) -> list[str]:
         if self.checks(tol, only).get("elements", True):

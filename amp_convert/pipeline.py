@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,7 +34,7 @@ from .plan import Plan, make_plan
 from .rewrite import Rewriter, RewriteStats, declare_initializers
 from .safety import ConstantRanges
 from .schema import model_opsets
-from .typeinfo import infer_types
+from .typeinfo import declared_type, infer_types
 
 if TYPE_CHECKING:  # (calibration runs onnxruntime: its module is loaded where it is used)
     from .calibrate import Calibration
@@ -245,9 +246,14 @@ def _cast_opset(model: onnx.ModelProto, options: ConvertOptions) -> int:
     without a float32 tensor (integer-only) has nothing to convert, and
     keeps its opset: its types are inferred at that opset to know."""
     needed = options.low.min_cast_opset
-    if options.effective_level == "O0" or model_opsets(model).get("", 0) >= needed:
+    # (an upgrade asked for that reaches it makes the answer moot)
+    if options.effective_level == "O0" or max(model_opsets(model).get("", 0), options.target_opset or 0) >= needed:
         return 0
-    ctx = build_context(model.graph)
+    graph = model.graph
+    declared = chain(graph.input, graph.value_info, graph.output)
+    if FLOAT in map(declared_type, declared) or any(t.data_type == FLOAT for t in graph.initializer):
+        return needed  # (the inference starts from what the main graph declares: most models say it there)
+    ctx = build_context(graph)
     infer_types(ctx, model_opsets(model), assume_float=_assumed_float(options))
     return needed if any(FLOAT in c.types.values() for c in ctx.walk()) else 0
 

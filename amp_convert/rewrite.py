@@ -42,7 +42,7 @@ from .safety import (
     raw_float32,
     segment_counts,
     small_raw,
-    unused_slot,
+    unused_values,
     value_stats,
 )
 from .schema import is_default_domain
@@ -326,7 +326,7 @@ class Rewriter:
         self._constants: list[tuple[onnx.TensorProto, str, bytes]] = []
         # per scope: (Casts to put first, Casts to put after node i), filled while its subgraphs are rewritten too
         self._placements: dict[str, tuple[list[bytes], dict[int, list[bytes]]]] = {}
-        # (graph path, name) of constants whose low version no node uses (see _used_nowhere_low)
+        # (graph path, name) of constants whose low version no node uses (see safety.unused_values)
         self._unused_low: set[tuple[str, str]] = set()
 
     def run(self, ctx: GraphContext) -> RewriteStats:
@@ -398,7 +398,6 @@ class Rewriter:
         visit, slots_of = _nodes_to_visit(ctx, precision, reads, changed, output_producers)
         asked = _asked_casts(slots_of)
         constants = _constant_outputs(ctx) if asked is not None else ()  # (their low versions may be copies instead)
-        unused: list[str] = []  # inputs low nodes read but do not use in their mode
         for i in visit:
             inputs = ins[i]
             low_inputs = low_ins[i]
@@ -433,15 +432,11 @@ class Rewriter:
                     self._rewrite_graph(sub)
             if precision[i] is _LOW and ops[i] in REWRITTEN_OPS:
                 self._lower_node(ctx.nodes[i], ctx.path)
-                slot = unused_slot(ops[i], ctx.nodes[i])
-                if slot is not None and slot < len(inputs) and inputs[slot]:
-                    unused.append(inputs[slot])
             if i in output_producers:
                 self._fix_graph_outputs(ctx, i, ctx.nodes[i], changed, after)
         if asked:
             self._make_asked(ctx, asked, top, after)
-        if unused:
-            self._unused_low.update((ctx.path, name) for name in _used_nowhere_low(ctx, unused, low_ins))
+        self._unused_low.update((ctx.path, name) for name in unused_values(ctx, low_ins))
         if ctx.parent is not None:
             self._fix_passthrough_outputs(ctx, top, after)
             for k in self.demand.low_output_positions(ctx):  # handed on low by its If
@@ -827,24 +822,6 @@ class Rewriter:
 # Up to this many new nodes are inserted where they go (each insert shifts the
 # list); more are appended in one parse and the list is sorted into place.
 _INSERT_AT_MOST = 256
-
-
-def _used_nowhere_low(ctx: GraphContext, names: list[str], low_ins: list[tuple[int, ...]]) -> list[str]:
-    """Of ``names`` (each read low by a node that does not use it in its
-    mode: a Pad's constant_value outside constant mode, see ``unused_slot``),
-    those no node of ``ctx`` uses low: every low read of them is such a
-    read, and no subgraph or graph output reads them. Whatever their low
-    versions clip or flush reaches no value. ``low_ins``: each node's low
-    input slots."""
-    ctx.gather_readers(names)
-    ops, nodes, outputs = ctx.ops, ctx.nodes, set(ctx.output_names)
-    return [
-        name
-        for name in dict.fromkeys(names)
-        if name not in ctx.captured_by
-        and name not in outputs
-        and all(slot not in low_ins[j] or slot == unused_slot(ops[j], nodes[j]) for j, slot in ctx.readers(name))
-    ]
 
 
 def declare_initializers(root: GraphContext) -> None:

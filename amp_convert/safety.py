@@ -482,15 +482,24 @@ def unused_slot(op: str, node: onnx.NodeProto) -> int | None:
     return None if slot is None or _in_constant_mode(node) else slot
 
 
-def unused_values(ctx: GraphContext) -> set[str]:
+def unused_values(ctx: GraphContext, low_ins: list[tuple[int, ...]] | None = None) -> set[str]:
     """The tensors of ``ctx`` that only nodes not using them in their mode
     read (see :func:`unused_slot`), no subgraph and no graph output: what
-    they hold reaches no value, so a change to it is no error."""
+    they hold reaches no value, so a change to it is no error. With
+    ``low_ins`` (each node's low input slots), of the reads in the low dtype
+    only: the tensors whose low versions (what the rewrite stores and clips)
+    no node uses."""
     ops, nodes, ins = ctx.ops, ctx.nodes, ctx.ins
+    if CONSTANT_MODE_INPUTS.keys().isdisjoint(ops):  # (most graphs: none, found in C)
+        return set()
+
+    def counted(i: int, slot: int) -> bool:
+        return low_ins is None or slot in low_ins[i]
+
     names = []
     for i in [i for i, op in enumerate(ops) if op in CONSTANT_MODE_INPUTS]:
         slot = unused_slot(ops[i], nodes[i])
-        if slot is not None and slot < len(ins[i]) and ins[i][slot]:
+        if slot is not None and slot < len(ins[i]) and ins[i][slot] and counted(i, slot):
             names.append(ins[i][slot])
     ctx.gather_readers(names)
     outputs = set(ctx.output_names)
@@ -499,7 +508,7 @@ def unused_values(ctx: GraphContext) -> set[str]:
         for name in names
         if name not in ctx.captured_by
         and name not in outputs
-        and all(slot == unused_slot(ops[j], nodes[j]) for j, slot in ctx.readers(name))
+        and all(not counted(j, slot) or slot == unused_slot(ops[j], nodes[j]) for j, slot in ctx.readers(name))
     }
 
 

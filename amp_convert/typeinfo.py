@@ -97,11 +97,7 @@ def infer_types(
                     types[outs[k]] = t
             continue
         for k in missing:
-            key = (op, domain, k, len(ins))
-            rule = rules.get(key)
-            if rule is None:
-                rule = rules[key] = _generic_rule(_signature(op, domain, opsets), k, len(ins))
-            t = _by_rule(ctx, ins, rule)
+            t = _by_rule(ctx, ins, _rule(rules, opsets, op, domain, k, len(ins)))
             if not t and assume_float and not is_default_domain(domain) and f"{domain}::{op}" in assume_float:
                 t = TensorProto.FLOAT
                 ctx.assumed_float.add(outs[k])
@@ -124,10 +120,7 @@ def _rule_rows(ctx: GraphContext, opsets: dict[str, int], rules: dict) -> tuple[
         if len(ctx.outs[i]) != 1 or not is_default_domain(domain) or op in _SPECIAL_OPS:
             found.append(None)
             continue
-        key = (op, domain, 0, n_inputs)
-        if key not in rules:
-            rules[key] = _generic_rule(_signature(op, domain, opsets), 0, n_inputs)
-        found.append(rules[key])
+        found.append(_rule(rules, opsets, op, domain, 0, n_inputs))
     return found, inverse
 
 
@@ -255,15 +248,21 @@ def _node_rules(
                 fixed_at.append(first + k)
                 fixed.append(t)
                 continue
-            key = (op, domain, k, n_inputs)
-            rule = rules.get(key)
-            if rule is None:
-                rule = rules[key] = _generic_rule(_signature(op, domain, opsets), k, n_inputs)
-            positions, of_nodes = by_rule.setdefault(rule, ([], []))
+            positions, of_nodes = by_rule.setdefault(_rule(rules, opsets, op, domain, k, n_inputs), ([], []))
             positions.append(first + k)
             of_nodes.append(i)
     own[fixed_at] = fixed
     return by_rule
+
+
+def _rule(rules: dict, opsets: dict[str, int], op: str, domain: str, k: int, n_inputs: int) -> tuple[tuple[int, ...], int]:
+    """The :func:`_generic_rule` of output ``k`` of an ``op`` node of
+    ``n_inputs`` inputs, worked out once per model (``rules``: the cache)."""
+    key = (op, domain, k, n_inputs)
+    rule = rules.get(key)
+    if rule is None:
+        rule = rules[key] = _generic_rule(_signature(op, domain, opsets), k, n_inputs)
+    return rule
 
 
 def _signature(op: str, domain: str, opsets: dict[str, int]) -> Signature | None:

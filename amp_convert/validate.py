@@ -219,6 +219,7 @@ class Validator:
         self.output_names = [v.name for v in reference.graph.output]
         self.sequence_outputs = {v.name for v in reference.graph.output if _holds_sequence(v.type)}
         self.map_values = {v.name: _map_values(v.type) for v in reference.graph.output}
+        self.output_kinds = [_kind(v.type) for v in reference.graph.output]
         self.cache_bytes = cache_bytes
         # (feeds, outputs) per sample of this source, when a calibration ran on the same samples
         known = calibration.outputs if calibration is not None and calibration.source is source else None
@@ -281,12 +282,11 @@ class Validator:
         cand_outputs = [v.name for v in candidate.graph.output]
         if self.output_names != cand_outputs:
             raise AmpError(f"the models' outputs differ: {self.output_names} vs {cand_outputs}")
-        for ref_out, cand_out in zip(self.reference.graph.output, candidate.graph.output, strict=True):
-            ref_kind, cand_kind = _kind(ref_out.type), _kind(cand_out.type)
+        for name, ref_kind, cand_out in zip(self.output_names, self.output_kinds, candidate.graph.output, strict=True):
+            cand_kind = _kind(cand_out.type)
             if ref_kind and cand_kind and ref_kind != cand_kind:
                 raise AmpError(
-                    f"the models' outputs differ: {ref_out.name!r} is {ref_kind} in the reference but {cand_kind} in "
-                    "the candidate"
+                    f"the models' outputs differ: {name!r} is {ref_kind} in the reference but {cand_kind} in the candidate"
                 )
         cand_inputs = CandidateInputs(self.source.specs, candidate)
 
@@ -333,7 +333,7 @@ class Validator:
             # the samples cast to the dtypes the candidate's inputs declare, and the reference's choices
             cand_values = cand.run({**feeds, **{s.name: ref_values[s.name] for s in pins}})
             for name, stats in out_stats.items():
-                stats.update(ref_values[name], cand_values[name], samples + 1)
+                stats.update(ref_values[name], cand_values[name])
             for name, stats in tensor_stats.items():
                 stats.update(ref_values[name], cand_values[name])
             for name, stats in agreement.items():
