@@ -101,13 +101,18 @@ def load_external_values(model: onnx.ModelProto, base_dir: str | os.PathLike) ->
     """Read every external tensor of ``model`` (see :func:`all_tensors`) into
     it. onnx's ``load_external_data_for_model`` leaves the values and indices
     of sparse tensors in their files."""
-    from onnx.external_data_helper import load_external_data_for_tensor
-
     for tensor in all_tensors(model.graph):
         if is_external(tensor):
-            load_external_data_for_tensor(tensor, str(base_dir))
-            del tensor.external_data[:]
-            tensor.data_location = onnx.TensorProto.DEFAULT
+            inline_external(tensor, base_dir)
+
+
+def inline_external(tensor: onnx.TensorProto, base_dir: str | os.PathLike) -> None:
+    """Read an external tensor's data (from ``base_dir``) into it."""
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    load_external_data_for_tensor(tensor, str(base_dir))
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT
 
 
 def all_initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
@@ -129,20 +134,26 @@ def all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     for node in graph.node:
         if node.op_type in GRAPH_OPS or node.domain not in ("", "ai.onnx") or node.op_type in VALUE_ATTRIBUTE_OPS:
             for a in node.attribute:
-                if a.type == onnx.AttributeProto.TENSOR:
-                    yield a.t
-                elif a.type == onnx.AttributeProto.TENSORS:
-                    yield from a.tensors
-                elif a.type == onnx.AttributeProto.SPARSE_TENSOR:
-                    yield from (a.sparse_tensor.values, a.sparse_tensor.indices)
-                elif a.type == onnx.AttributeProto.SPARSE_TENSORS:
-                    for sparse in a.sparse_tensors:
-                        yield from (sparse.values, sparse.indices)
-                elif a.type == onnx.AttributeProto.GRAPH:
+                if a.type == onnx.AttributeProto.GRAPH:
                     yield from all_tensors(a.g)
                 elif a.type == onnx.AttributeProto.GRAPHS:
                     for g in a.graphs:
                         yield from all_tensors(g)
+                else:
+                    yield from attribute_tensors(a)
+
+
+def attribute_tensors(a: onnx.AttributeProto) -> Iterator[onnx.TensorProto]:
+    """The tensors an attribute holds (a sparse one's values and indices too)."""
+    if a.type == onnx.AttributeProto.TENSOR:
+        yield a.t
+    elif a.type == onnx.AttributeProto.TENSORS:
+        yield from a.tensors
+    elif a.type == onnx.AttributeProto.SPARSE_TENSOR:
+        yield from (a.sparse_tensor.values, a.sparse_tensor.indices)
+    elif a.type == onnx.AttributeProto.SPARSE_TENSORS:
+        for sparse in a.sparse_tensors:
+            yield from (sparse.values, sparse.indices)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import onnx.defs
 import onnx.shape_inference
 
 from .errors import AmpError
-from .external import all_tensors, element_count, external_info, load_external_values
+from .external import all_tensors, attribute_tensors, element_count, external_info, inline_external
 from .schema import model_opsets
 
 MIN_IR_VERSION = 3
@@ -423,7 +423,7 @@ def read_model(
     if check is None:
         check_input_model(source, str(p))
         if external and not lazy_external:
-            _load_external_data(model, external, p)
+            _load_external_data(external, p)
     del data
     return LoadedModel(model, data_files, check)
 
@@ -678,10 +678,7 @@ def _function_external_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorPr
     for function in model.functions:
         for node in function.node:
             for attr in node.attribute:
-                tensors = [attr.t] if attr.type == onnx.AttributeProto.TENSOR else list(attr.tensors)
-                sparse = [attr.sparse_tensor] if attr.type == onnx.AttributeProto.SPARSE_TENSOR else attr.sparse_tensors
-                tensors += [t for s in sparse for t in (s.values, s.indices)]
-                for tensor in tensors:
+                for tensor in attribute_tensors(attr):
                     if tensor.data_location == onnx.TensorProto.EXTERNAL:
                         yield tensor
 
@@ -690,21 +687,19 @@ def _inline_external(tensors: list[onnx.TensorProto], label: Path) -> None:
     """Read these tensors' external data into them: the converter leaves local
     functions as they are, and writes only the graphs' tensors to the
     output's data file (the output must not point at the input's)."""
-    from onnx.external_data_helper import load_external_data_for_tensor
-
     for tensor in tensors:
         try:
-            load_external_data_for_tensor(tensor, str(label.parent))
+            inline_external(tensor, label.parent)
         except (OSError, ValueError, RuntimeError) as e:
             raise AmpError(f"{label}: cannot read the external data of tensor {tensor.name!r} ({_detail(e)})") from None
-        del tensor.external_data[:]
-        tensor.data_location = onnx.TensorProto.DEFAULT
     _check_read_lengths(tensors, label)
 
 
-def _load_external_data(model: onnx.ModelProto, tensors: list[onnx.TensorProto], label: Path) -> None:
+def _load_external_data(tensors: list[onnx.TensorProto], label: Path) -> None:
+    """Read the model's external tensors, ``tensors``, into it."""
     try:
-        load_external_values(model, label.parent)
+        for tensor in tensors:
+            inline_external(tensor, label.parent)
     except (OSError, ValueError, RuntimeError) as e:
         raise AmpError(f"{label}: cannot read the external data ({_detail(e)})") from None
     _check_read_lengths(tensors, label)
