@@ -93,9 +93,10 @@ class RemoveRedundantCasts:
         _apply_renames(model.graph, renames, {})
         candidates |= renamed
         removed: list[onnx.NodeProto] = []
-        step = _remove_unused_casts(model.graph, candidates, set(), removed)
-        while step:  # a removed Cast may have been the last reader of the Cast before it
-            step = _remove_unused_casts(model.graph, candidates, set(), removed)
+        before = -1
+        while len(removed) > before:  # a removed Cast may have been the last reader of the Cast before it
+            before = len(removed)
+            _remove_unused_casts(model.graph, candidates, set(), removed)
         return PassResult(model, True, len(removed), removed)
 
 
@@ -206,21 +207,19 @@ def _used_names(graph: onnx.GraphProto, into: set[str]) -> set[str]:
 
 def _remove_unused_casts(
     graph: onnx.GraphProto, candidates: set[str], outer_used: set[str], removed: list[onnx.NodeProto]
-) -> int:
+) -> None:
     """Delete the Casts of ``candidates`` that nothing reads, here and in the
-    bodies within; append them to ``removed`` and return how many."""
+    bodies within; append them to ``removed``."""
     used = _used_names(graph, set(outer_used))
-    count = 0
     for node in graph.node:
         for sub in _bodies(node):
-            count += _remove_unused_casts(sub, candidates, used, removed)
+            _remove_unused_casts(sub, candidates, used, removed)
     doomed = [
         k for k, n in enumerate(graph.node) if n.op_type == "Cast" and n.output[0] in candidates and n.output[0] not in used
     ]
     if doomed:
         removed.extend(map(graph.node.__getitem__, doomed))
         _delete_nodes(graph, doomed)
-    return count + len(doomed)
 
 
 # Up to this many nodes are deleted one by one (each delete shifts the list);

@@ -86,23 +86,20 @@ def read_array(tensor: onnx.TensorProto, base_dir: str | os.PathLike) -> np.ndar
     return array.reshape(tuple(tensor.dims))
 
 
-def inline_retyped(model: onnx.ModelProto, base_dir: str | os.PathLike) -> None:
-    """Read the retyped external tensors of ``model`` into it (converted), so
-    that a plain loader of external data finds only bytes it can copy."""
+def load_external_values(model: onnx.ModelProto, base_dir: str | os.PathLike) -> None:
+    """Read every external tensor of ``model`` (see :func:`all_tensors`) into
+    it, the retyped ones converted (see :func:`retype_external`). onnx's
+    ``load_external_data_for_model`` leaves the values and indices of
+    sparse tensors in their files."""
     for tensor in all_tensors(model.graph):
-        if is_external(tensor) and STORED_TYPE in external_info(tensor):
+        if not is_external(tensor):
+            continue
+        if STORED_TYPE in external_info(tensor):
             data = np.ascontiguousarray(read_array(tensor, base_dir)).view(np.uint8).tobytes()
             del tensor.external_data[:]
             tensor.data_location = onnx.TensorProto.DEFAULT
             tensor.raw_data = data
-
-
-def load_external_values(model: onnx.ModelProto, base_dir: str | os.PathLike) -> None:
-    """Read every external tensor of ``model`` (see :func:`all_tensors`) into
-    it. onnx's ``load_external_data_for_model`` leaves the values and indices
-    of sparse tensors in their files."""
-    for tensor in all_tensors(model.graph):
-        if is_external(tensor):
+        else:
             inline_external(tensor, base_dir)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import onnx
 
 from .errors import AmpError
-from .external import PROTOBUF_LIMIT, Payload, inline_retyped, load_external_values, payload, write_with_external_data
+from .external import PROTOBUF_LIMIT, Payload, load_external_values, payload, write_with_external_data
 from .load import is_input_file
 
 _CAUGHT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
@@ -249,7 +249,6 @@ def save_model(
     if not external:
         measured = measured or payload(model)
         if measured.has_external:
-            inline_retyped(model, source or target.parent)
             load_external_values(model, source or target.parent)
         if measured.total > PROTOBUF_LIMIT:
             raise AmpError(
