@@ -18,7 +18,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 from operator import is_not
@@ -205,16 +205,30 @@ class _SlotReads:
     odd: np.ndarray
 
 
-_Asked = dict[tuple[str, int], tuple[str, list[tuple[int, int]]]]  # see Rewriter._make_asked
+# (tensor, element type) -> (the tensor's version it casts, the (node, input slot) pairs reading it, the first
+# one's position among the graph's input slots): the Casts a main graph's nodes ask for, see Rewriter._make_asked
+_Asked = dict[tuple[str, int], tuple[str, list[tuple[int, int]], int]]
 
 
-def _asked_casts(slots_of: dict[int, list[int]] | None) -> _Asked | None:
-    """Where a graph's Casts are gathered as its nodes ask for them, to be
-    made together once all are looked at (see :meth:`Rewriter._make_asked`):
-    a main graph without bodies, the one whose nodes' inputs to look at
-    are picked (``slots_of``, see :func:`_nodes_to_visit`). Else None: each
-    is made as it is asked for (:meth:`Rewriter._version`)."""
-    return {} if slots_of is not None else None
+@dataclass(frozen=True)
+class _SettledReads:
+    """Input slots of a main graph without bodies whose Casts the arrays
+    settle (see :func:`_nodes_to_visit`): each reads, in the other type, a
+    tensor with no version but itself, not a constant's output: a float32
+    tensor read low, or one the rewrite made low read float32. Their
+    positions among the graph's input slots (in graph order), and whether
+    each is read low."""
+
+    positions: np.ndarray
+    low: np.ndarray
+
+
+def _casts_together(ctx: GraphContext) -> bool:
+    """Whether the Casts a graph's nodes ask for are gathered, to be made
+    together once all are looked at (see :meth:`Rewriter._make_asked`): in
+    a main graph without bodies. Else each is made as it is asked for
+    (:meth:`Rewriter._version`)."""
+    return ctx.parent is None and not ctx.subgraphs
 
 
 def _constant_outputs(ctx: GraphContext) -> set[str]:
@@ -242,8 +256,13 @@ def _slot_reads(ctx: GraphContext, low_inputs: list[tuple[int, ...]]) -> _SlotRe
 
 
 def _nodes_to_visit(
-    ctx: GraphContext, precision: list[Precision], reads: _SlotReads, changed: dict[str, int], output_producers: set[int]
-) -> tuple[list[int], dict[int, list[int]] | None]:
+    ctx: GraphContext,
+    precision: list[Precision],
+    reads: _SlotReads,
+    changed: dict[str, int],
+    output_producers: set[int],
+    unsettled: Collection[str] | None,
+) -> tuple[list[int], dict[int, list[int]] | None, _SettledReads | None]:
     """The nodes the rewrite must look at, in graph order: those with an
     input whose tensor may not have the type the node reads it in, control
     flow, low ops whose attributes change, and graph outputs' producers (and
@@ -255,7 +274,10 @@ def _nodes_to_visit(
     settle is looked at. Also, in a main graph without bodies, the inputs
     to look at of each node visited for them (None: every input of every
     node visited; the nodes visited for other reasons have every input
-    looked at)."""
+    looked at), and the reads whose Casts the arrays settle without a
+    visit (:class:`_SettledReads`; never those of ``unsettled`` names,
+    nor those of nodes visited for other reasons), where its Casts are
+    made together (``unsettled`` not None: see :func:`_casts_together`)."""
     keep_all = bool(ctx.subgraphs)  # (with bodies to rewrite, even nodes without float32 are looked at)
     always = {i for i in output_producers if keep_all or precision[i] is not _UNCHANGED}
     always.update(ctx.subgraphs)
@@ -266,10 +288,11 @@ def _nodes_to_visit(
     table = ctx.input_slots()
     flat, node = table.names, table.node
     if not flat:
-        return sorted(always), None
+        return sorted(always), None, None
     n, count = len(ctx.ins), len(flat)
     # Each input's tensor: its type, or _RETYPED if it was float32 and is low now.
-    t = ctx.input_types().copy()
+    declared = ctx.input_types()
+    t = declared.copy()
     t[ctx.tensors().slots_in(changed)] = _RETYPED
     look = np.where(reads.low, t == FLOAT, t == _RETYPED)  # read low but float32, or read float32 but now low
     look |= (t == UNTYPED) | reads.odd
@@ -278,10 +301,14 @@ def _nodes_to_visit(
     look &= ~reads.agnostic
     if not keep_all:
         look &= np.fromiter(map(is_not, precision, repeat(_UNCHANGED)), bool, n)[node]
-    if keep_all or ctx.parent is not None:
+    if unsettled is None:
         always.update(np.unique(node[look]).tolist())
-        return sorted(always), None
-    hits = np.flatnonzero(look)
+        return sorted(always), None, None
+    settles = look & _settles(ctx, t, declared, reads, unsettled)
+    if always:
+        settles &= ~np.isin(node, list(always))
+    settled = np.flatnonzero(settles)
+    hits = np.flatnonzero(look & ~settles)
     slots_of: dict[int, list[int]] = {}
     for i, slot in zip(node[hits].tolist(), table.slot[hits].tolist(), strict=True):
         found = slots_of.get(i)
@@ -291,7 +318,21 @@ def _nodes_to_visit(
             found.append(slot)
     for i in always:
         slots_of.pop(i, None)
-    return sorted(always.union(slots_of)), slots_of
+    return sorted(always.union(slots_of)), slots_of, _SettledReads(settled, reads.low[settled])
+
+
+def _settles(
+    ctx: GraphContext, types: np.ndarray, declared: np.ndarray, reads: _SlotReads, unsettled: Collection[str]
+) -> np.ndarray:
+    """Per input slot (of a main graph whose Casts are made together):
+    whether, if its node reads it in another type than its tensor has, the
+    Cast is of the tensor itself (see :class:`_SettledReads`): a float32
+    tensor read low, or one made low (``types``: _RETYPED, ``declared``:
+    float32) read float32; a tensor the graph holds, not one of
+    ``unsettled``, in a slot the masks say."""
+    tensors = ctx.tensors()
+    settles = np.where(reads.low, types == FLOAT, (types == _RETYPED) & (declared == FLOAT))
+    return settles & ~reads.odd & (tensors.of_slot >= 0) & ~tensors.slots_in(unsettled)
 
 
 class Rewriter:
@@ -395,9 +436,13 @@ class Rewriter:
         changed.update(dict.fromkeys(low_outputs, low))
         output_producers = {ctx.producer[n] for n in ctx.output_names if n in ctx.producer}
         is_main = ctx.parent is None
-        visit, slots_of = _nodes_to_visit(ctx, precision, reads, changed, output_producers)
-        asked = _asked_casts(slots_of)
-        constants = _constant_outputs(ctx) if asked is not None else ()  # (their low versions may be copies instead)
+        together = _casts_together(ctx)
+        # (constants' low versions may be copies; other versions than itself are looked up: their reads are visited)
+        constants = _constant_outputs(ctx) if together else set()
+        unsettled = constants.union(versions, ctx.output_names) if together else None
+        visit, slots_of, settled = _nodes_to_visit(ctx, precision, reads, changed, output_producers, unsettled)
+        asked: _Asked | None = {} if together else None
+        starts = ctx.input_slots().starts() if together else None
         for i in visit:
             inputs = ins[i]
             low_inputs = low_ins[i]
@@ -422,7 +467,8 @@ class Rewriter:
                 else:
                     waiting = asked.get((name, need))
                     if waiting is None:
-                        asked[name, need] = waiting = (vs.get(FLOAT) or next(iter(vs.values())), [])
+                        source = vs.get(FLOAT) or next(iter(vs.values()))
+                        asked[name, need] = waiting = (source, [], int(starts[i]) + slot)
                     waiting[1].append((i, slot))
                     continue
                 if current != name:
@@ -434,8 +480,7 @@ class Rewriter:
                 self._lower_node(ctx.nodes[i], ctx.path)
             if i in output_producers:
                 self._fix_graph_outputs(ctx, i, ctx.nodes[i], changed, after)
-        if asked:
-            self._make_asked(ctx, asked, top, after)
+        asked_casts = self._make_asked(ctx, asked, settled) if asked is not None else None
         self._unused_low.update((ctx.path, name) for name in unused_values(ctx, low_ins))
         if ctx.parent is not None:
             self._fix_passthrough_outputs(ctx, top, after)
@@ -470,8 +515,8 @@ class Rewriter:
         self._lower_constant_values()
         if self.ranges is not None:
             self.ranges.drop_values(ctx.path)
-        if top or after:
-            _place(ctx, top, after)
+        if top or after or asked_casts:
+            _place(ctx, top, after, asked_casts)
 
     def _share_low(self, ctx: GraphContext, name: str, versions: dict[str, dict[int, str]]) -> None:
         """An initializer read fp32 and low stays fp32; its low readers get a
@@ -696,17 +741,44 @@ class Rewriter:
         self._versions[home.path][name] = {**vs, need: target}
         return target
 
-    def _make_asked(self, ctx: GraphContext, asked: _Asked, top: list, after: dict) -> None:
+    def _make_asked(self, ctx: GraphContext, asked: _Asked, settled: _SettledReads | None) -> _Batch | None:
         """Make the Casts the nodes of a main graph without bodies asked for:
-        ``asked``, (tensor, element type) -> (the tensor's version it casts,
-        the (node, input slot) pairs reading it), in the order first asked.
-        Made in that order, they take the names and places :meth:`_version`
-        would give them one at a time; made together, their names are
-        checked in one set operation and the nodes encoded in one pass (a
-        large model asks for tens of thousands). Nothing asks for such a
-        graph's versions afterwards: they are not recorded."""
-        keys = list(asked)
-        shorts = {need: _short(need) for _, need in keys}
+        those of the ``settled`` reads, and ``asked`` in the loop over its
+        nodes. Made in the order first asked (the order of the reading
+        input slots), they take the names and places :meth:`_version` would
+        give them one at a time; made together, their names are checked in
+        one set operation and the nodes encoded in one pass (a large model
+        asks for tens of thousands). Nothing asks for such a graph's
+        versions afterwards: they are not recorded. Returned encoded, for
+        :func:`_place`; None where none was asked for."""
+        table, low = ctx.input_slots(), self.low.onnx_type
+        if settled is None:
+            settled = _SettledReads(np.zeros(0, np.int64), np.zeros(0, bool))
+        positions = settled.positions
+        # One Cast per (tensor, type) the settled reads ask for: the tensor's number, doubled, plus 1 if low.
+        _, firsts, reading = np.unique(ctx.tensors().of_slot[positions] * 2 + settled.low, return_index=True, return_inverse=True)
+        first_reads = positions[firsts].tolist()
+        names = list(map(table.names.__getitem__, first_reads))
+        keys = list(zip(names, np.where(settled.low[firsts], low, FLOAT).tolist(), strict=True))
+        sources = names.copy()  # (each its only version)
+        number = dict(zip(keys, range(len(keys)), strict=True)) if asked else {}
+        readers: dict[int, list[tuple[int, int]]] = {}  # Cast number -> the reads the loop asked it for
+        for key, (source, reads, first) in asked.items():
+            k = number.get(key)
+            if k is None:
+                k = number[key] = len(keys)
+                keys.append(key)
+                sources.append(source)
+                first_reads.append(first)
+            else:  # (the same Cast for other reads: the tensor's only version is itself there too)
+                first_reads[k] = min(first_reads[k], first)
+            readers[k] = reads
+        if not keys:
+            return None
+        order = np.argsort(np.asarray(first_reads, np.int64), kind="stable")
+        keys = list(map(keys.__getitem__, order.tolist()))
+        sources = list(map(sources.__getitem__, order.tolist()))
+        shorts = {need: _short(need) for need in {need for _, need in keys}}
         targets = [f"{name}_{shorts[need]}" for name, need in keys]
         cast_names = [f"{target}_cast" for target in targets]
         if not self.names.take_all(targets + cast_names):  # (one is taken: named one at a time, in that order)
@@ -715,25 +787,23 @@ class Rewriter:
                 targets.append(self.names(f"{name}_{shorts[need]}"))
                 cast_names.append(self.names(f"{targets[-1]}_cast"))
         needs = [need for _, need in keys]
-        sources = [source for source, _ in asked.values()]
-        producer, nodes = ctx.producer, ctx.nodes
-        for name, target, readers, cast in zip(
-            (name for name, _ in keys),
-            targets,
-            (readers for _, readers in asked.values()),
-            map(encoded_cast, sources, targets, needs, cast_names),
-            strict=True,
+        target_of = np.empty(len(keys), object)  # (by Cast number)
+        target_of[order] = targets
+        nodes = ctx.nodes
+        for j, slot, target in zip(
+            table.node[positions].tolist(), table.slot[positions].tolist(), target_of[reading].tolist(), strict=True
         ):
-            i = producer.get(name)
-            if i is None:  # graph input or initializer
-                top.append(cast)
-            else:
-                after.setdefault(i, []).append(cast)
-            for j, slot in readers:
-                nodes[j].input[slot] = target
+            nodes[j].input[slot] = target
+        for k, reads in readers.items():
+            for j, slot in reads:
+                nodes[j].input[slot] = target_of[k]
+        producer = ctx.producer
+        # After its tensor's producer (and after the Casts made one at a time there); first for a graph input or initializer.
+        places = [-1.0 if i is None else i + _AFTER_OTHERS for i in map(producer.get, (name for name, _ in keys))]
         self.retyped.update(zip(targets, needs, strict=True))
         self.new_casts.extend(zip(sources, targets, needs, strict=True))
         self.stats.casts_inserted += len(keys)
+        return _Batch(cast_records(sources, targets, needs, cast_names), places)
 
     def _constant_copy(self, ctx: GraphContext, i: int, name: str, after: dict) -> str | None:
         """The low copy (see :meth:`_low_copy`) of the fp32 value of Constant
@@ -822,6 +892,18 @@ class Rewriter:
 # Up to this many new nodes are inserted where they go (each insert shifts the
 # list); more are appended in one parse and the list is sorted into place.
 _INSERT_AT_MOST = 256
+# Where a batch's node made after node i goes (see _place): after i's other new nodes.
+_AFTER_OTHERS = 0.75
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """New nodes made together, encoded as GraphProto.node fields joined,
+    and the place of each, as :func:`_place` orders them: -1 first, ``i +
+    _AFTER_OTHERS`` after node ``i``."""
+
+    records: bytes
+    places: list[float]
 
 
 def declare_initializers(root: GraphContext) -> None:
@@ -839,29 +921,30 @@ def declare_initializers(root: GraphContext) -> None:
                 v.type.tensor_type.elem_type = tensor.data_type
 
 
-def _place(ctx: GraphContext, top: list[bytes], after: dict[int, list[bytes]]) -> None:
-    """Put the encoded nodes ``top`` first and ``after[i]`` right after node
-    ``i``, keeping the order topological."""
+def _place(ctx: GraphContext, top: list[bytes], after: dict[int, list[bytes]], made: _Batch | None = None) -> None:
+    """Put the encoded nodes ``top`` first, ``after[i]`` right after node
+    ``i``, and the batch ``made`` where it says (after those), keeping the
+    order topological."""
     container = ctx.graph.node
-    if len(top) + sum(len(v) for v in after.values()) <= _INSERT_AT_MOST:
-        for i in sorted(after, reverse=True):  # from the end: the positions before stay valid
-            for offset, node in enumerate(after[i], 1):
-                container.insert(i + offset, onnx.NodeProto.FromString(node))
-        for offset, node in enumerate(top):
-            container.insert(offset, onnx.NodeProto.FromString(node))
+    places = [-1.0] * len(top)
+    encoded = list(top)
+    for i, nodes in after.items():
+        places.extend(i + k / (2 * len(nodes) + 2) for k in range(1, len(nodes) + 1))  # (before _AFTER_OTHERS)
+        encoded.extend(nodes)
+    records = b"".join(chain.from_iterable((_NODE_FIELD, _length(len(node)), node) for node in encoded))
+    if made is not None:
+        records += made.records
+        places += made.places
+    if len(places) <= _INSERT_AT_MOST:
+        added = onnx.GraphProto.FromString(records).node
+        for rank, k in enumerate(sorted(range(len(places)), key=places.__getitem__)):
+            place = places[k]
+            container.insert(rank + (int(place) + 1 if place >= 0 else 0), added[k])  # (after the rank nodes added before it)
         return
     # Sorting moves the nodes; writing the list anew would copy every one of them.
     n = len(container)
-    new_positions = [-1.0] * len(top)
-    encoded = list(top)
-    for i, nodes in after.items():
-        if len(nodes) == 1:
-            new_positions.append(i + 0.5)
-        else:
-            new_positions.extend(i + k / (len(nodes) + 1) for k in range(1, len(nodes) + 1))
-        encoded.extend(nodes)
-    ctx.graph.MergeFromString(b"".join(chain.from_iterable((_NODE_FIELD, _length(len(node)), node) for node in encoded)))
-    sort_nodes(container, [*range(n), *new_positions])  # (one per original node, one per node added)
+    ctx.graph.MergeFromString(records)
+    sort_nodes(container, [*range(n), *places])  # (one per original node, one per node added)
 
 
 # Protobuf wire format: a field's key is (number << 3 | wire type); 2 is
@@ -916,6 +999,29 @@ def encoded_cast(source: str, target: str, to: int, name: str) -> bytes:
 
 
 _TO_ATTRIBUTES = {to: _to_attribute(to) for to in onnx.TensorProto.DataType.values()}
+# The same as text (one character per byte: latin-1), with the op type before them.
+_CAST_ENDS = {to: (_CAST_OP + attribute).decode("latin-1") for to, attribute in _TO_ATTRIBUTES.items()}
+# A node's length as protobuf writes it, as text (latin-1): up to the longest Cast of names under 128 bytes.
+_LENGTH_TEXT = [_length(n).decode("latin-1") for n in range(512)]
+
+
+def cast_records(sources: list[str], targets: list[str], tos: list[int], names: list[str]) -> bytes:
+    """Cast nodes as GraphProto.node fields, joined: what
+    :func:`encoded_cast` gives each, with its field key and length. The
+    usual Casts (ASCII names under 128 characters: a byte each, one-byte
+    lengths) are written as text, one format each, and encoded once."""
+    pieces = []
+    add = pieces.append
+    for source, target, to, name in zip(sources, targets, tos, names, strict=True):
+        ends = _CAST_ENDS[to]
+        ns, nt, nn = len(source), len(target), len(name)
+        if ns < 128 and nt < 128 and nn < 128 and (source + target + name).isascii():
+            text = _LENGTH_TEXT
+            add(f"\n{text[6 + ns + nt + nn + len(ends)]}\n{text[ns]}{source}\x12{text[nt]}{target}\x1a{text[nn]}{name}{ends}")
+        else:
+            node = encoded_cast(source, target, to, name)
+            add((_NODE_FIELD + _length(len(node)) + node).decode("latin-1"))
+    return "".join(pieces).encode("latin-1")
 
 
 def _outer_scope(ctx: GraphContext, name: str) -> GraphContext | None:

@@ -7,6 +7,7 @@ known type, custom-domain ops named like dtype-agnostic ones)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -110,7 +111,11 @@ SWITCH_OFF = {
     "chained types": (typeinfo, "_chained_types", lambda *_: False),
     "reused plan outcomes": (plan.Planner, "_kind_ids", lambda self, ctx, *_: [-1] * len(ctx.ops)),
     "gathered readers": (GraphContext, "gather_readers", lambda self, names: None),
-    "Casts made together": (rewrite, "_asked_casts", lambda slots_of: None),
+    "Casts made together": (rewrite, "_casts_together", lambda ctx: False),
+    "settled reads": (rewrite, "_settles", lambda ctx, types, *_: np.zeros(len(types), bool)),
+    # (the new nodes of a graph put in place by one sort, or each inserted where it goes)
+    "nodes inserted where they go": (rewrite, "_INSERT_AT_MOST", -1),
+    "nodes placed by sorting": (rewrite, "_INSERT_AT_MOST", sys.maxsize),
     "names taken together": (NameGenerator, "take_all", lambda self, bases: False),
     "initializer reads": (
         rewrite.Rewriter,
@@ -378,3 +383,21 @@ def test_chained_types_follow_a_long_chain_and_a_declared_type_breaks_it():
 @given(case=fuzz_cases())
 def test_chained_types_are_the_loops_on_random_graphs(case):
     assert _typed(case.model, True) == _typed(case.model, False)
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["x", "layer.0/ln/Add_output_0", "x" * 60, "x" * 127, "x" * 128, "x" * 500, "poids_é", "重み"],
+)
+def test_cast_records_are_the_bytes_protobuf_writes(source):
+    """The Casts the rewrite makes together are written as text where
+    their names allow (ASCII, lengths of one byte): byte for byte what
+    protobuf writes for the same nodes, for every name."""
+    tos = [TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT]
+    sources = [source, "y", source]
+    targets = [f"{source}_fp16", f"{source}_bf16", "y_fp32"]
+    names = [f"{target}_cast" for target in targets]
+    expected = onnx.GraphProto(
+        node=[helper.make_node("Cast", [s], [t], name=n, to=to) for s, t, n, to in zip(sources, targets, names, tos, strict=True)]
+    )
+    assert rewrite.cast_records(sources, targets, tos, names) == expected.SerializeToString()
