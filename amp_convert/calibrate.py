@@ -78,7 +78,7 @@ def calibrate(
     names += [n for n in ctx.input_names if ctx.types.get(n) == TensorProto.FLOAT and n not in ctx.initializers]
     chosen, _ = choose_provider(provider)
     exposed = [(n, ctx.types[n]) for n in names if n not in ctx.input_set]
-    ref = runnable(model, low_dtype_of(ctx), chosen, emulate, exposed, base_dir, "reference")
+    ref = runnable(model, low_dtype_of(ctx, model.functions), chosen, emulate, exposed, base_dir, "reference")
     returned = frozenset(n for n, _ in exposed).union(v.name for v in model.graph.output)
     result = Calibration(provider=chosen, outputs=[], source=samples, session=ref, exposed=returned)
     ranges = result.ranges

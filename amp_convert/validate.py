@@ -228,7 +228,7 @@ class Validator:
         self._plain_session: Runnable | None = None
         # A low-precision reference runs as the candidate would (decided here: --emulate never
         # with a reference the provider cannot run is an error before anything runs).
-        self.ref_low = low_dtype_of(self.ref_ctx)
+        self.ref_low = low_dtype_of(self.ref_ctx, reference.functions)
         self.reference_emulated, self.reference_note = decide_emulation(
             config.emulate, self.provider, self.ref_low, low_io(reference), role="reference"
         )
@@ -276,7 +276,7 @@ class Validator:
         pins: list[Selection],
     ) -> ValidationResult:
         start = time.perf_counter()
-        cand_low = low_dtype_of(cand_ctx)
+        cand_low = low_dtype_of(cand_ctx, candidate.functions)
         dtype = config.dtype or _low_key(cand_low)  # (a model holding a few bf16 tensors converted to fp16 is judged as fp16)
         tolerance = config.tolerance or DEFAULT_TOLERANCES[dtype]
         cand_outputs = [v.name for v in candidate.graph.output]

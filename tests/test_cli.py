@@ -573,6 +573,65 @@ def test_an_emulation_twin_onnxruntime_cannot_load_is_amp_converts_failure_not_t
     assert out.exists()
 
 
+def _scaling_function_model(path: Path, low: bool, how: str) -> Path:
+    """x -> Relu -> a call of the model's local function local::Scale ->
+    y, the main graph all float32. Scale casts its input to its dtype
+    (float32, or fp16 where ``low``: x above 65.5 then overflows),
+    multiplies by 1000 and by 0.001 in it, and casts back. ``how`` its
+    Cast is told the dtype: "cast" (written in), "attribute" (the call's
+    attribute dtype, which the body refers to), "nested" (Scale calls
+    local::Inner, the body that casts)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    dtype, numpy = (TensorProto.FLOAT16, np.float16) if low else (TensorProto.FLOAT, np.float32)
+    cast = helper.make_node("Cast", ["a"], ["c"])
+    if how == "attribute":
+        cast.attribute.append(helper.make_attribute_ref("to", onnx.AttributeProto.INT, ref_attr_name="dtype"))
+    else:
+        cast.attribute.append(helper.make_attribute("to", dtype))
+    body = [cast]
+    for k, (tensor, factor) in enumerate((("c", 1000), ("m", 0.001))):
+        body.append(helper.make_node("Constant", [], [f"f{k}"], value=numpy_helper.from_array(np.array(factor, numpy))))
+        body.append(helper.make_node("Mul", [tensor, f"f{k}"], ["mn"[k]]))
+    body.append(helper.make_node("Cast", ["n"], ["o"], to=TensorProto.FLOAT))
+    imports = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
+    attributes = ["dtype"] if how == "attribute" else []
+    inner = helper.make_function("local", "Scale", ["a"], ["o"], body, opset_imports=imports, attributes=attributes)
+    functions = [inner]
+    if how == "nested":
+        inner.name = "Inner"
+        outer = [helper.make_node("Inner", ["a"], ["o"], domain="local")]
+        functions.insert(0, helper.make_function("local", "Scale", ["a"], ["o"], outer, opset_imports=imports))
+    call = helper.make_node("Scale", ["r"], ["y"], name="call", domain="local", **{a: dtype for a in attributes})
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"], name="relu"), call],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+    )
+    m = helper.make_model(graph, opset_imports=imports, functions=functions)
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path
+
+
+@pytest.mark.parametrize("how", ["cast", "attribute", "nested"])
+def test_a_model_whose_only_fp16_is_in_a_local_function_is_emulated_and_its_overflow_fails(tmp_path, how):
+    """A candidate whose main graph is float32 but whose local function
+    computes in fp16 is low precision: validation took it for a float32
+    one ("the candidate has no fp16/bf16 tensors") and ran it as written,
+    where onnxruntime's CPU provider hides the overflow of x * 1000 in
+    fp16, and passed it. It runs through its emulation twin, whose inlined
+    body rounds: x above 65.5 overflows, and the new Inf values fail it."""
+    ref, cand = (_scaling_function_model(tmp_path / f"{name}.onnx", low, how) for name, low in (("r", False), ("c", True)))
+    report = tmp_path / "r.json"
+    args = ["compare", str(ref), str(cand), "-q", "--provider", "cpu", "--input-range", "x=50:100", "--report", str(report)]
+    assert main(args) == 1
+    v = json.loads(report.read_text())["validation"]
+    assert v["emulated"] and not v["reference_emulated"] and not v["passed"]
+    assert v["outputs"][0]["new_nonfinite"] > 0
+
+
 def test_a_model_whose_twin_and_itself_onnxruntime_cannot_load_is_the_inputs_failure(tmp_path, capsys):
     """The twin refused and the model as written too (an IR version newer
     than onnxruntime reads): the input model is to blame, exit 2."""

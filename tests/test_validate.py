@@ -750,6 +750,35 @@ def test_an_emulation_twin_keeps_what_functions_it_does_not_inline_call():
     assert run(twin, {"x": x})[0][:2] == pytest.approx([2 * 0.8413447, 2 * 1.9544997], rel=1e-3)
 
 
+def test_the_low_dtype_of_a_model_counts_the_bodies_of_the_local_functions_it_calls():
+    """A model's low dtype counts the types the bodies of the local
+    functions it calls compute in, with the attributes each call binds (a
+    Cast to the function's attribute dtype, bf16 where the call gives
+    none), bf16 over fp16 still; not those of a function no node calls."""
+    from onnx import TensorProto
+
+    from amp_convert.emulate import detect_low_dtype
+
+    cast = helper.make_node("Cast", ["a"], ["o"])
+    cast.attribute.append(helper.make_attribute_ref("to", onnx.AttributeProto.INT, ref_attr_name="dtype"))
+    function = helper.make_function("local", "To", ["a"], ["o"], [cast], opset_imports=[helper.make_opsetid("", 17)])
+    function.attribute_proto.append(helper.make_attribute("dtype", TensorProto.BFLOAT16))
+
+    def calling(elem: int, call: bool = True, **dtype: int) -> onnx.ModelProto:
+        nodes = [helper.make_node("Cast", ["x"], ["c"], to=elem)]
+        nodes += [helper.make_node("To", ["c"], ["t"], domain="local", **dtype)] if call else []
+        nodes.append(helper.make_node("Cast", ["t" if call else "c"], ["y"], to=TensorProto.FLOAT))
+        opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
+        graph = helper.make_graph(nodes, "g", [value("x", shape=(4,))], [value("y", shape=(4,))])
+        return helper.make_model(graph, opset_imports=opsets, functions=[function])
+
+    assert detect_low_dtype(calling(TensorProto.FLOAT, dtype=TensorProto.FLOAT)) is None
+    assert detect_low_dtype(calling(TensorProto.FLOAT, dtype=TensorProto.FLOAT16)) == TensorProto.FLOAT16
+    assert detect_low_dtype(calling(TensorProto.FLOAT)) == TensorProto.BFLOAT16
+    assert detect_low_dtype(calling(TensorProto.FLOAT16)) == TensorProto.BFLOAT16
+    assert detect_low_dtype(calling(TensorProto.FLOAT, call=False)) is None
+
+
 def _relu(x: str = "x", elem: int = onnx.TensorProto.FLOAT, shape=("N", 4)) -> onnx.ModelProto:
     """x -> Cast(float) -> Relu -> y."""
     nodes = [helper.make_node("Cast", [x], ["f"], to=onnx.TensorProto.FLOAT), helper.make_node("Relu", ["f"], ["y"])]
