@@ -26,9 +26,9 @@ from onnx import TensorProto, helper, inliner, numpy_helper
 from .dtypes import LOW_DTYPES
 from .errors import AmpError
 from .external import read_array
-from .graph import GraphContext, NameGenerator, build_context, name_in_use
+from .graph import GraphContext, NameGenerator, build_context, name_in_use, node_subgraphs
 from .lists import CONTAINER_TYPE_ATTRIBUTE_OPS, DTYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
-from .schema import is_default_domain, model_opsets
+from .schema import is_default_domain, model_opsets, signature
 from .typeinfo import declared_type, infer_types
 
 LOW_TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
@@ -195,17 +195,18 @@ def emulation_twin(model: onnx.ModelProto, base_dir: Path | None = None) -> onnx
 
 def _inline_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` (consumed) with the calls of its local functions inlined,
-    those in subgraphs and in inlined bodies too. A function at another
-    opset than the model's stays a call (onnx inlines none such), and every
-    function stays declared: one left may call one inlined."""
+    those in subgraphs and in inlined bodies too. onnx inlines no function
+    importing another version of a domain than the model: one whose body
+    means the same at the model's is made to import it (see
+    :func:`_at_model_opsets`); one that cannot be stays a call. Every
+    function stays declared as written: one left may call one inlined."""
     graph = model.graph
     # The inliner takes a serialized model: the main graph's tensors, up to
     # gigabytes, go to it as names only (all it reads of them) and come back.
     tensors = [graph.initializer.pop() for _ in range(len(graph.initializer))][::-1]
     graph.initializer.extend(TensorProto(name=t.name) for t in tensors)
     # A domain only functions import is imported by the model, at the first
-    # version one asks for (functions asking another stay calls), for the
-    # inlined nodes of that domain.
+    # version one asks for, for the inlined nodes of that domain.
     imported = set(model_opsets(model))
     for function in model.functions:
         for opset in function.opset_import:
@@ -213,12 +214,51 @@ def _inline_functions(model: onnx.ModelProto) -> onnx.ModelProto:
             if domain not in imported:
                 model.opset_import.append(opset)
                 imported.add(domain)
+    declared = list(model.functions)
+    del model.functions[:]
+    model.functions.extend(_at_model_opsets(f, model_opsets(model)) for f in declared)
     inlined = inliner.inline_local_functions(model)
     del inlined.graph.initializer[:]
     inlined.graph.initializer.extend(tensors)
     del inlined.functions[:]
-    inlined.functions.extend(model.functions)
+    inlined.functions.extend(declared)
     return inlined
+
+
+def _at_model_opsets(function: onnx.FunctionProto, opsets: dict[str, int]) -> onnx.FunctionProto:
+    """``function`` importing the model's version (``opsets``) of each
+    domain it imports another of, where each node of its body has the same
+    schema at both: ONNX allows a function another version only so (onnx's
+    checker holds a model to it; onnxruntime 1.31 reads a body at the
+    model's default-domain version anyway), so the body means the same. As
+    it is where a node's schema differs (a model onnx's checker refuses)."""
+    moved = {d: v for d, v in model_opsets(function).items() if opsets.get(d, v) != v}
+    if not moved:
+        return function
+    for node in _all_nodes(function.node):
+        domain = "" if is_default_domain(node.domain) else node.domain
+        if domain in moved and _since(node.op_type, domain, moved[domain]) != _since(node.op_type, domain, opsets[domain]):
+            return function
+    matched = onnx.FunctionProto()
+    matched.CopyFrom(function)
+    for opset in matched.opset_import:
+        opset.version = opsets.get("" if is_default_domain(opset.domain) else opset.domain, opset.version)
+    return matched
+
+
+def _since(op_type: str, domain: str, version: int) -> int | None:
+    """The version the op's schema at ``version`` dates from (None: onnx has
+    none, as for a local function's call or a custom op)."""
+    found = signature(op_type, domain, version)
+    return found.since_version if found is not None else None
+
+
+def _all_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
+    """``nodes`` and those of their subgraphs, at any depth."""
+    for node in nodes:
+        yield node
+        for _, graph in node_subgraphs(node):
+            yield from _all_nodes(graph.node)
 
 
 def _rewrite_inner_first(ctx: GraphContext, names: NameGenerator, base_dir: Path | None) -> None:

@@ -118,8 +118,8 @@ def _close_match(name: str) -> str | None:
     return lower.get(name.lower())
 
 
-def model_opsets(model: onnx.ModelProto) -> dict[str, int]:
-    """Opset per domain, with the default domain under ''."""
+def model_opsets(model: onnx.ModelProto | onnx.FunctionProto) -> dict[str, int]:
+    """Opset per domain, with the default domain under '' (a model's, or a local function's)."""
     return {("" if is_default_domain(o.domain) else o.domain): o.version for o in model.opset_import}
 
 

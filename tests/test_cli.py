@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -499,18 +500,22 @@ def test_compare_names_the_candidate_that_fails_where_the_reference_runs(tmp_pat
     assert f"{candidate} fails to run where {reference} runs" in err
 
 
-def _low_function_model(path: Path, ir_version: int = 8, function_opset: int = 17) -> Path:
+def _low_function_model(path: Path, ir_version: int = 8, function_opset: int = 17, op: str = "MatMul") -> Path:
     """x -> Cast to fp16 -> a call of the model's local function
-    local::Half (an fp16 Constant 0.5 times its input, at
-    ``function_opset``; the model's is 17) named "call" -> Cast to fp32 ->
-    y. onnxruntime runs it; its emulation twin inlines the call, which onnx
-    does only for a function at the model's opset: one at another stays a
-    call, whose fp16 Constant meets the twin's float32 input, and
-    onnxruntime refuses that twin."""
+    local::Half (``op`` of its input and an fp16 Constant: MatMul by half
+    the identity, or Mul by 0.5; at ``function_opset``, the model's is 17)
+    named "call" -> Cast to fp32 -> y. onnxruntime runs it; its emulation
+    twin inlines the call. MatMul and Constant have one schema from opset
+    13 to 18; Mul has a new one from 14, so a Mul body at 13 means
+    something else at the model's opset (onnx's checker refuses that
+    model; onnxruntime reads the body at 17)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    half = numpy_helper.from_array(np.array(0.5, np.float16), "half")
-    body = [helper.make_node("Constant", [], ["k"], value=half), helper.make_node("Mul", ["a", "k"], ["o"])]
+    half = np.array(0.5, np.float16) if op == "Mul" else np.eye(4, dtype=np.float16) / 2
+    body = [
+        helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(half, "half")),
+        helper.make_node(op, ["a", "k"], ["o"]),
+    ]
     opset = [helper.make_opsetid("", function_opset)]
     function = helper.make_function("local", "Half", ["a"], ["o"], body, opset_imports=opset)
     nodes = [
@@ -552,25 +557,52 @@ def test_a_model_whose_local_function_computes_in_fp16_validates_through_its_twi
     capsys.readouterr()
 
 
-def test_an_emulation_twin_onnxruntime_cannot_load_is_amp_converts_failure_not_the_models(tmp_path, capsys):
+@pytest.mark.parametrize("function_opset", [13, 16, 18])
+def test_a_local_function_at_another_opset_than_the_models_validates_through_the_twin(tmp_path, capsys, function_opset):
+    """A local function may import another default-domain opset than the
+    model where each node of its body has the same schema at both (here
+    13, 16 or 18 in a model at 17). onnx inlines no such function: the
+    twin left it a call, whose fp16 Constant met the twin's float32 input,
+    and onnxruntime refused the twin (exit 3, "--emulate never validates
+    without it"). The twin reads the body at the model's opset, where it
+    means the same, and inlines it."""
+    path = _low_function_model(tmp_path / "m.onnx", function_opset=function_opset)
+    out, report = tmp_path / "o.onnx", tmp_path / "r.json"
+    assert main([str(path), "-o", str(out), "-q", "--provider", "cpu", "--report", str(report)]) == 0
+    v = json.loads(report.read_text())["validation"]
+    assert v["emulated"] and v["reference_emulated"] and v["passed"]
+    assert main(["compare", str(path), str(path), "-q", "--provider", "cpu"]) == 0
+    capsys.readouterr()
+
+
+def test_an_emulation_twin_onnxruntime_cannot_load_is_amp_converts_failure_not_the_models(tmp_path):
     """Where onnxruntime refuses a model's emulation twin but loads the
-    model as written (a local function at another opset than the model's,
-    which the twin leaves a call: see _low_function_model), the failure is
-    amp-convert's (exit 3, nothing written), named as the twin's with the
-    way round it; it was reported as the input model's (exit 2: "the input
-    model cannot be loaded by onnxruntime"), and compare blamed the
-    candidate file "where" the reference, the same file, "runs"."""
-    path = _low_function_model(tmp_path / "m.onnx", function_opset=16)
-    out = tmp_path / "o.onnx"
-    assert main([str(path), "-o", str(out), "-q", "--provider", "cpu"]) == 3
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "inconsistent type tensor(float16)" in err
-    assert "onnxruntime cannot load the emulation twin of the input model" in err and "--emulate never" in err
-    assert "loads the input model as written" in err and not out.exists()
-    assert main(["compare", str(path), str(path), "-q", "--provider", "cpu"]) == 3
-    assert f"onnxruntime cannot load the emulation twin of {path}" in capsys.readouterr().err
-    assert main([str(path), "-o", str(out), "-q", "--provider", "cpu", "--emulate", "never"]) == 0
-    assert out.exists()
+    model as written, the failure is amp-convert's (exit 3), named as the
+    twin's with the way round it; it was reported as the input model's
+    (exit 2: "the input model cannot be loaded by onnxruntime"), and
+    compare blamed the candidate file "where" the reference, the same file,
+    "runs". A local function whose body means something else at the
+    model's opset (a Mul at 13: see _low_function_model) stays a call in
+    the twin, and its fp16 Constant meets the twin's float32 input. onnx's
+    checker refuses such a model, so the command line never validates one:
+    it is validated here as the API does, its failures reported as the
+    command reports them."""
+    from dataclasses import replace
+
+    from amp_convert.cli import _run_failures
+    from amp_convert.errors import ConversionError
+    from amp_convert.inputs import make_source
+    from amp_convert.validate import ValidationConfig, validate
+
+    path = _low_function_model(tmp_path / "m.onnx", function_opset=13, op="Mul")
+    m = onnx.load(str(path))
+    source, cpu = make_source(m), ValidationConfig(provider="cpu")
+    twin = r"onnxruntime cannot load the emulation twin of {} .* loads {} as written; --emulate never .*tensor\(float16\)"
+    with pytest.raises(ConversionError, match=twin.format(*["the converted model"] * 2)), _run_failures(source):
+        validate(m, m, source, cpu)
+    with pytest.raises(ConversionError, match=twin.format(*[re.escape(str(path))] * 2)), _run_failures(source, (str(path),) * 2):
+        validate(m, m, source, cpu)
+    assert validate(m, m, source, replace(cpu, emulate="never")).passed
 
 
 def _scaling_function_model(path: Path, low: bool, how: str) -> Path:

@@ -696,10 +696,13 @@ def test_an_emulation_twin_rounds_inside_local_functions_as_fp16_does(branch):
     assert run(m, {"x": x, "c": c})[0][0] == pytest.approx(100, rel=1e-3)
 
 
-def _calling_function_model(outer_opset: int, inner: onnx.NodeProto, inner_imports: list) -> onnx.ModelProto:
-    """x -> Cast to fp16 -> k; Outer(k) (at ``outer_opset``; it calls Inner)
-    + Inner(k) (``inner``, at ``inner_imports``) -> Cast to fp32 -> y; the
-    model imports opset 17 and local."""
+def _calling_function_model(
+    outer_opset: int, inner: onnx.NodeProto, inner_imports: list, outer_local: int = 1
+) -> onnx.ModelProto:
+    """x -> Cast to fp16 -> k; Outer(k) (at ``outer_opset`` and local
+    ``outer_local``: Inner, then Identity, whose schema is new at 14 and
+    16) + Inner(k) (``inner``, at ``inner_imports``) -> Cast to fp32 -> y;
+    the model imports opset 17 and local 1."""
     from onnx import TensorProto
 
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
@@ -709,8 +712,8 @@ def _calling_function_model(outer_opset: int, inner: onnx.NodeProto, inner_impor
             "Outer",
             ["a"],
             ["o"],
-            [helper.make_node("Inner", ["a"], ["o"], domain="local")],
-            opset_imports=[helper.make_opsetid("", outer_opset), opsets[1]],
+            [helper.make_node("Inner", ["a"], ["i"], domain="local"), helper.make_node("Identity", ["i"], ["o"])],
+            opset_imports=[helper.make_opsetid("", outer_opset), helper.make_opsetid("local", outer_local)],
         ),
         helper.make_function("local", "Inner", ["a"], ["o"], [inner], opset_imports=inner_imports),
     ]
@@ -730,18 +733,26 @@ def _calling_function_model(outer_opset: int, inner: onnx.NodeProto, inner_impor
     return m
 
 
-def test_an_emulation_twin_keeps_what_functions_it_does_not_inline_call():
-    """onnx inlines no function at another opset than the model's (Outer,
-    at 16) and drops those it inlines: the twin declares them all again, as
-    Outer still calls Inner. A domain only a function imports
-    (com.microsoft) is imported by the twin, whose main graph now holds that
-    function's nodes."""
+@pytest.mark.parametrize(("outer_opset", "outer_local", "inlined"), [(16, 1, True), (17, 2, True), (13, 1, False)])
+def test_an_emulation_twin_inlines_a_function_at_another_opset_where_its_body_means_the_same(outer_opset, outer_local, inlined):
+    """onnx inlines no function importing another version of a domain than
+    the model (Outer, at opset 16 or 13, or local 2; the model's are 17 and
+    local 1). Outer's body has the same schemas at 16 as at 17, and a call
+    of a local function means the same at any local version: the twin
+    reads the body at the model's versions and inlines it; at 13 its
+    Identity's schema differs (onnx's checker refuses such a model), and it
+    stays a call. onnx drops the functions it inlines: the twin declares
+    them all again, as Outer, left a call, still calls Inner. A domain only
+    a function imports (com.microsoft) is imported by the twin, whose main
+    graph now holds that function's nodes."""
     from helpers import run
 
     x = np.array([1, 2, 3, 60000], np.float32)
-    adds = _calling_function_model(16, helper.make_node("Add", ["a", "a"], ["o"]), [helper.make_opsetid("", 17)])
+    add = helper.make_node("Add", ["a", "a"], ["o"])
+    adds = _calling_function_model(outer_opset, add, [helper.make_opsetid("", 17)], outer_local)
     twin = emulation_twin(adds)
     assert [f.name for f in twin.functions] == ["Outer", "Inner"]
+    assert ("Outer" not in [n.op_type for n in twin.graph.node]) == inlined
     assert np.array_equal(run(twin, {"x": x})[0], [4, 8, 12, np.inf])  # (2 * 60000 overflows fp16)
     gelu = helper.make_node("Gelu", ["a"], ["o"], domain="com.microsoft")
     imports = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
