@@ -203,8 +203,10 @@ def _inline_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = model.graph
     # The inliner takes a serialized model: the main graph's tensors, up to
     # gigabytes, go to it as names only (all it reads of them) and come back.
+    # Sparse ones' too: it makes new names unique against dense ones only.
     tensors = [graph.initializer.pop() for _ in range(len(graph.initializer))][::-1]
-    graph.initializer.extend(TensorProto(name=t.name) for t in tensors)
+    sparse = [graph.sparse_initializer.pop() for _ in range(len(graph.sparse_initializer))][::-1]
+    graph.initializer.extend(TensorProto(name=t.name) for t in (*tensors, *(s.values for s in sparse)))
     # A domain only functions import is imported by the model, at the first
     # version one asks for, for the inlined nodes of that domain.
     imported = set(model_opsets(model))
@@ -220,6 +222,7 @@ def _inline_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     inlined = inliner.inline_local_functions(model)
     del inlined.graph.initializer[:]
     inlined.graph.initializer.extend(tensors)
+    inlined.graph.sparse_initializer.extend(sparse)
     del inlined.functions[:]
     inlined.functions.extend(declared)
     return inlined

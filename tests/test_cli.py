@@ -664,6 +664,51 @@ def test_a_model_whose_only_fp16_is_in_a_local_function_is_emulated_and_its_over
     assert v["outputs"][0]["new_nonfinite"] > 0
 
 
+def test_an_unused_sparse_initializer_of_a_name_the_inliner_makes_leaves_the_twin_loadable(tmp_path):
+    """onnx's inliner makes the names of an inlined body's tensors unique
+    against the graph's dense initializers, not its sparse ones: the
+    body's Constant k became k__1, the name of an unused sparse
+    initializer, and onnxruntime refused the twin ("Shape of initializer
+    k__1 does not match"; exit 3)."""
+    from onnx import helper, numpy_helper
+
+    path = _low_function_model(tmp_path / "m.onnx")
+    m = onnx.load(str(path))
+    values, indices = numpy_helper.from_array(np.ones(1, np.float32), "k__1"), numpy_helper.from_array(np.zeros(1, np.int64))
+    m.graph.sparse_initializer.append(helper.make_sparse_tensor(values, indices, [4]))
+    onnx.save(m, str(path))
+    out, report = tmp_path / "o.onnx", tmp_path / "r.json"
+    assert main([str(path), "-o", str(out), "-q", "--provider", "cpu", "--report", str(report)]) == 0
+    v = json.loads(report.read_text())["validation"]
+    assert v["emulated"] and v["reference_emulated"] and v["passed"]
+
+
+def test_a_local_function_passing_an_input_out_is_the_input_models_failure(tmp_path, capsys):
+    """A local function whose output is one of its inputs is valid ONNX,
+    but onnxruntime 1.31 refuses the model as written (onnx's inliner also
+    drops the pass, leaving the call's output made by no node, so the twin
+    cannot be right either): the input model is named as the one
+    onnxruntime cannot load (exit 2), not the twin."""
+    from onnx import TensorProto, helper
+
+    body = [helper.make_node("Neg", ["a"], ["o"])]
+    function = helper.make_function("local", "Pass", ["a"], ["a", "o"], body, opset_imports=[helper.make_opsetid("", 17)])
+    nodes = [
+        helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16),
+        helper.make_node("Pass", ["x16"], ["p16", "n16"], domain="local"),
+        helper.make_node("Add", ["p16", "n16"], ["s16"]),
+        helper.make_node("Cast", ["s16"], ["y"], to=TensorProto.FLOAT),
+    ]
+    x, y = (helper.make_tensor_value_info(name, TensorProto.FLOAT, [4]) for name in "xy")
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=opsets, functions=[function])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    assert main([str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"), "-q", "--provider", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "the input model cannot be loaded by onnxruntime: " in err and "twin" not in err
+
+
 def test_a_model_whose_twin_and_itself_onnxruntime_cannot_load_is_the_inputs_failure(tmp_path, capsys):
     """The twin refused and the model as written too (an IR version newer
     than onnxruntime reads): the input model is to blame, exit 2."""
