@@ -14,7 +14,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from itertools import chain
 from pathlib import Path
@@ -24,7 +24,7 @@ import click
 
 from . import __version__
 from .emulate import EMULATE_MODES
-from .errors import AmpError, ConversionError, LoadFailure, ModelFailure, TwinFailure
+from .errors import AmpError, ConversionError, LoadFailure, ModelFailure, NeitherLoads, TwinFailure
 from .external import PROTOBUF_LIMIT
 from .lists import LEVELS, PROFILES
 from .load import remember_inputs
@@ -567,8 +567,9 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         calibration_source, samples = (
             _calibration_samples(reference, kw) if calibrating and kw["calibration"] else (source, source)
         )
+        input_loads = partial(_input_loads, reference, kw, folder, source)  # (asked where a failure may be the input's)
         if source is not None and options.target_opset is not None:
-            _check_target_runs(reference, options.target_opset)
+            _check_target_runs(reference, options.target_opset, input_loads)
         calibration = _calibration(reference, samples, calibration_source, kw, folder) if calibrating else None
         searched = None
         if auto:
@@ -576,7 +577,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
                 searched = _auto(reference, options, start, source, calibration, kw, folder)
             result, validation = searched.conversion, searched.validation
             if validation is not None:  # (None: no trial passed, the fp32 model is written)
-                _check_loads(result.model, validation.provider, kw["check"])
+                _check_loads(result.model, validation.provider, kw["check"], input_loads)
         else:
             # Without validation the fp32 model is not needed afterwards: convert it in place.
             with _stage_line(kw) as on_stage:
@@ -593,7 +594,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
                     ahead=loaded.ahead_result,
                 )
             if source is not None:
-                _check_loads(result.model, kw["provider"], kw["check"])
+                _check_loads(result.model, kw["provider"], kw["check"], input_loads)
             with _run_failures(source):
                 validation = (
                     _validate(reference, result.model, source, kw, result.plan, folder, calibration, options.dtype)
@@ -749,10 +750,11 @@ def _only_list(values: tuple[str, ...]) -> tuple[str, ...] | None:
 def _run_failures(source, names: tuple[str, str] | None = None) -> Iterator[None]:
     """A model onnxruntime could not load, or run on the samples of
     ``source``, named, with what to try where the samples may be to blame
-    (exit 2). ``names``: what to call the reference and the candidate
-    (compare's files); None in convert, whose candidate is the converted
-    model (as validation runs it: exposed, or its emulation twin): its
-    failure where the input model loaded and ran is the conversion's (exit 3).
+    (exit 2; compare names both files where neither loads). ``names``:
+    what to call the reference and the candidate (compare's files); None in
+    convert, whose candidate is the converted model (as validation runs it:
+    exposed, or its emulation twin): its failure where the input model
+    loaded and ran is the conversion's (exit 3).
     An emulation twin onnxruntime cannot load, where it loads the model
     itself, is amp-convert's failure (exit 3), whichever model it emulates."""
     try:
@@ -768,6 +770,9 @@ def _run_failures(source, names: tuple[str, str] | None = None) -> Iterator[None
                 f"round as its fp16/bf16 tensors do), though it loads {emulated} as written; --emulate never "
                 f"validates without it: {e.detail}"
             ) from None
+        if isinstance(e, NeitherLoads) and names is not None:
+            both = e.detail if e.other == e.detail else f"{reference}: {e.detail}; {candidate}: {e.other}"
+            raise AmpError(f"neither {reference} nor {candidate} can be loaded by onnxruntime: {both}") from None
         loading = isinstance(e, LoadFailure)
         failed = "cannot be loaded by onnxruntime" if loading else "fails to run"
         if e.role == "reference":
@@ -899,10 +904,12 @@ def _validate(reference, candidate, source, kw: dict, plan, folder: Path | None 
         return validate(reference, candidate, source, config, plan, progress=bar.update, base_dir=folder, calibration=calibration)
 
 
-def _check_target_runs(model, target: int) -> None:
+def _check_target_runs(model, target: int, input_loads: Callable[[], None]) -> None:
     """Validation runs the model at the opset --target-opset asks for: one
     onnxruntime cannot load is refused before anything is converted (else
-    its refusal would read as a conversion's failure)."""
+    its refusal would read as a conversion's failure), unless the input
+    does not load either (``input_loads`` raises): an IR version newer than
+    onnxruntime reads is the input's, which no opset would change."""
     import onnxruntime
 
     from .opset import min_ir_for_opset
@@ -911,21 +918,24 @@ def _check_target_runs(model, target: int) -> None:
     ir_version = max(model.ir_version, min_ir_for_opset(target))
     refusal = version_refusal(target, ir_version)
     if refusal is not None:
+        input_loads()
         raise AmpError(
             f"--target-opset {target}: onnxruntime {onnxruntime.__version__} loads no model at opset {target} "
             f"(IR version {ir_version}): {refusal}; give a lower --target-opset, or --no-validate to write it unvalidated"
         )
 
 
-def _check_loads(model, provider: str, check: str) -> None:
+def _check_loads(model, provider: str, check: str, input_loads: Callable[[], None]) -> None:
     """Validation runs the converted model with its intermediate tensors
     exposed, or through its emulation twin: where onnxruntime's graph
     optimizations fail on the model as written (a fusion taking a Cast in),
     they may not show there. The model as written must load: checked where
     it should (fp16, or bf16 on CUDA; onnxruntime's CPU provider has no
     bf16 kernels), and where it is in memory (not in external data).
-    Where it does not load, onnx's checker (``check``, which otherwise
-    runs on the written file) tells whether the conversion made it invalid."""
+    Where it does not load, ``input_loads`` tells whether the input does
+    (nothing may have loaded it yet: without the safety rules' calibration
+    run), then onnx's checker (``check``, which otherwise runs on the
+    written file) whether the conversion made it invalid."""
     from onnx import TensorProto
 
     from .check import check_converted
@@ -940,6 +950,7 @@ def _check_loads(model, provider: str, check: str) -> None:
     detail = load_refusal(model, resolved)
     if detail is None:
         return
+    input_loads()  # (an input onnxruntime refuses too is the failure: exit 2)
     import onnxruntime
 
     prefix = f"onnxruntime {onnxruntime.__version__} cannot load the converted model on {resolved}"
@@ -953,6 +964,17 @@ def _check_loads(model, provider: str, check: str) -> None:
         f"{prefix}, which is valid ONNX: one of its graph optimizations fails on it ({detail}); try another "
         "level, or keep the nodes it involves fp32 (--keep-fp32)"
     )
+
+
+def _input_loads(reference, kw: dict, folder: Path, source) -> None:
+    """Load the input as validation runs it: where onnxruntime cannot, an
+    AmpError naming the input (through :func:`_run_failures`)."""
+    from .emulate import detect_low_dtype
+    from .runner import choose_provider, runnable
+
+    provider, _ = choose_provider(kw["provider"])
+    with _run_failures(source):
+        runnable(reference, detect_low_dtype(reference), provider, kw["emulate"], (), folder, "reference")
 
 
 def _tolerance(kw: dict, reference_low: str):

@@ -48,3 +48,13 @@ class TwinFailure(LoadFailure):
     twin is amp-convert's construction, so the failure is not the model's."""
 
     failed = "cannot load the emulation twin of the model"
+
+
+class NeitherLoads(LoadFailure):
+    """onnxruntime could load neither model: the reference (``detail``),
+    checked where the candidate (``other``: its failure) did not load. The
+    reference's failure: convert names its input; compare names both files."""
+
+    def __init__(self, detail: str, other: str) -> None:
+        super().__init__(detail, "reference")
+        self.other = other

@@ -30,7 +30,7 @@ from onnx import TensorProto, helper
 from .calibrate import Calibration
 from .dtypes import FLOAT_TYPES
 from .emulate import EMULATE_MODES, decide_emulation, low_dtype_of, low_io
-from .errors import AmpError
+from .errors import AmpError, LoadFailure, NeitherLoads, TwinFailure
 from .graph import build_context, tensor_names
 from .inputs import CandidateInputs, InputSource
 from .lists import EXACT_OPS
@@ -316,7 +316,7 @@ class Validator:
         judged = list(dict.fromkeys(judged))
         exposed = [(n, cand_ctx.types[n]) for n in dict.fromkeys([*tensors, *judged])]
         run_model, own = pin(candidate, pins, tensor_names(cand_ctx)) if pins else (candidate, {})
-        cand = runnable(run_model, cand_low, self.provider, config.emulate, exposed, self.base_dir, "candidate")
+        cand = self._candidate_session(run_model, cand_low, config.emulate, exposed)
         taken = set(self.output_names)  # (the report's row names: an element's never takes an output's)
         out_stats = {
             n: SequenceStats(n, taken, self.map_values[n])
@@ -364,6 +364,32 @@ class Validator:
             result.nodes = _node_errors(self.ref_ctx, cand_ctx, {**tensor_stats, **out_stats}, plan)
         result.seconds = time.perf_counter() - start
         return result
+
+    def _candidate_session(self, model: onnx.ModelProto, low: int | None, mode: str, exposed: list[tuple[str, int]]) -> Runnable:
+        """A session of the candidate (built before the reference's: see
+        :meth:`_reference_loads`)."""
+        try:
+            return runnable(model, low, self.provider, mode, exposed, self.base_dir, "candidate")
+        except LoadFailure as failure:
+            self._reference_loads(failure)
+            raise
+
+    def _reference_loads(self, failure: LoadFailure) -> None:
+        """Where onnxruntime cannot load the candidate (``failure``), load the
+        reference, as if its session came first: one onnxruntime refuses as
+        written is the failure to report (the input's, in convert), not the
+        candidate's; :class:`NeitherLoads` where the candidate is refused as
+        written too (not only its emulation twin)."""
+        if self._outputs_cache is not None or self._plain_session is not None:
+            return  # (it ran)
+        try:
+            self._reference_session(self._extras)
+        except TwinFailure:
+            return  # (it loads as written: the candidate's failure stands)
+        except LoadFailure as e:
+            if isinstance(failure, TwinFailure):
+                raise
+            raise NeitherLoads(e.detail, failure.detail) from None
 
     def _reference_runs(self, tensors: list[str]) -> Iterator[tuple[dict, dict]]:
         """(feeds, reference values) per sample; outputs-only runs are cached when small."""

@@ -747,3 +747,73 @@ def test_a_model_onnxruntime_cannot_load_is_named_as_the_input_or_the_compared_f
     assert main(["compare", str(path), str(tmp_path / "newer.onnx"), "-q"]) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'newer.onnx'} cannot be loaded by onnxruntime where {path} runs" in err
+
+
+def _newer_model(tmp_path: Path) -> Path:
+    """A valid model of an IR version newer than onnxruntime reads (onnx 1.23 writes 14; onnxruntime 1.31 reads up to 13)."""
+    path = _reshape_model(tmp_path / "newer.onnx", (8, 4), [2, 4, 4])
+    newer = onnx.load(str(path))
+    newer.ir_version = 14
+    onnx.save(newer, str(path))
+    return path
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--no-safety"],
+        ["--level", "O3"],
+        ["--no-safety", "--no-per-node"],
+        ["--no-safety", "--emulate", "never"],
+        ["--no-safety", "--dtype", "bf16"],
+        ["--level", "O0"],
+        ["--target-opset", "18"],
+    ],
+)
+def test_an_input_onnxruntime_cannot_load_is_named_where_nothing_loaded_it_first(tmp_path, capsys, options):
+    """Without the safety rules' calibration run nothing loads the input
+    before the converted model: the converted model's load check (fp16),
+    or validation's session of the candidate (bf16 on the CPU, O0), met
+    onnxruntime's refusal first and blamed the conversion ('one of its
+    graph optimizations fails on it', exit 3); the probe of
+    --target-opset's opset, at the input's IR version, blamed the option.
+    The input, which onnxruntime refuses as well, is named, as where the
+    calibration run loads it first (exit 2, nothing written)."""
+    path = _newer_model(tmp_path)
+    assert main([str(path), "-o", str(tmp_path / "o.onnx"), "-q", "--provider", "cpu", *options]) == 2
+    err = capsys.readouterr().err
+    assert "the input model cannot be loaded by onnxruntime: " in err and "IR version" in err
+    assert "converted" not in err and "--target-opset" not in err and "internal error" not in err
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_a_converted_model_onnxruntime_cannot_load_is_still_the_conversions_where_the_input_loads(tmp_path, capsys):
+    """The input is loaded only where the converted model does not load,
+    to tell whose failure it is: at O1 without the safety rules, the
+    decomposed LayerNorm's Cast makes onnxruntime 1.31's LayerNormFusion
+    refuse the converted model, and the input loads (exit 3)."""
+    from models.hostile import layernorm_large_sums
+
+    path = tmp_path / "ln.onnx"
+    onnx.save(layernorm_large_sums(), str(path))
+    args = [str(path), "-o", str(tmp_path / "o.onnx"), "-q", "--provider", "cpu", "--level", "O1", "--no-safety"]
+    assert main(args) == 3
+    err = capsys.readouterr().err
+    assert "cannot load the converted model on cpu, which is valid ONNX" in err
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_compare_of_two_models_onnxruntime_cannot_load_says_neither_loads(tmp_path, capsys):
+    """The candidate's session is built first: where it failed, compare
+    said the candidate cannot be loaded 'where' the reference 'runs', which
+    onnxruntime refuses as well. Neither loads: both are named (exit 2)."""
+    newer = _newer_model(tmp_path)
+    other = tmp_path / "other.onnx"
+    other.write_bytes(newer.read_bytes())
+    assert main(["compare", str(newer), str(other), "-q", "--provider", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert f"neither {newer} nor {other} can be loaded by onnxruntime: " in err and "IR version" in err
+    assert " runs" not in err and err.count("\n") == 1
+    fine = _reshape_model(tmp_path / "fine.onnx", (8, 4), [2, 4, 4])
+    assert main(["compare", str(newer), str(fine), "-q", "--provider", "cpu"]) == 2
+    assert f"{newer} cannot be loaded by onnxruntime: " in capsys.readouterr().err
