@@ -19,8 +19,9 @@ import signal
 import stat
 import struct
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import onnx
@@ -29,6 +30,7 @@ import onnx.shape_inference
 
 from .errors import AmpError
 from .external import all_tensors, attribute_tensors, element_count, external_info, inline_external
+from .graph import GRAPH_OPS, NodeLabels, node_subgraphs
 from .schema import model_opsets
 
 MIN_IR_VERSION = 3
@@ -404,6 +406,7 @@ def read_model(
     try:
         model = _parse(p, data)
         check_versions(model, str(p))
+        check_calls(model, str(p))
     except BaseException:
         if check is not None:
             check.cancel()
@@ -516,6 +519,76 @@ def check_versions(model: onnx.ModelProto, label: str) -> None:
     if not MIN_OPSET <= opset <= newest:
         hint = "upgrade it with onnx.version_converter" if opset < MIN_OPSET else "a newer onnx package may read it"
         raise AmpError(f"{label}: opset {opset} is not supported (this converter handles {MIN_OPSET} to {newest}; {hint})")
+
+
+def check_calls(model: onnx.ModelProto, label: str) -> None:
+    """A call of a local function may leave out inputs and outputs the
+    function declares, not add any: onnx's checker lets such a call pass,
+    but onnxruntime refuses the model, and onnx's inliner (the emulation
+    twin's) fails on it. Checked where onnxruntime checks: the calls of the
+    main graph (its subgraphs' too), and of the bodies they call (a function
+    nothing calls is not read: onnxruntime loads a model that holds one).
+    A model without local functions costs nothing here."""
+    if not model.functions:
+        return
+    functions = {(f.domain, f.name, f.overload): f for f in model.functions}
+    bodies: list[tuple[Sequence[onnx.NodeProto], Callable[[], str]]] = [(model.graph.node, str)]  # (str(): "")
+    reached = set()
+    while bodies:
+        nodes, where = bodies.pop()
+        for key in _checked_calls(nodes, functions, label, where):
+            if key not in reached:
+                reached.add(key)
+                bodies.append((functions[key].node, partial(_body_place, functions[key])))
+
+
+def _checked_calls(
+    nodes: Sequence[onnx.NodeProto],
+    functions: dict[tuple[str, str, str], onnx.FunctionProto],
+    label: str,
+    where: Callable[[], str],
+) -> Iterator[tuple[str, str, str]]:
+    """The local functions that ``nodes`` (and their subgraphs) call, each
+    call's arity checked. Calls are in nodes of a custom domain (onnx's
+    checker refuses a call of a function of the default domain), subgraphs
+    there or in GRAPH_OPS: only those nodes are read further. ``where``
+    says where the nodes are, for a message (worked out only for one)."""
+    wanted = [i for i, node in enumerate(nodes) if node.domain not in ("", "ai.onnx") or node.op_type in GRAPH_OPS]
+    for i in wanted:
+        node = nodes[i]
+        key = (node.domain, node.op_type, node.overload)
+        function = functions.get(key)
+        if function is not None:
+            for kind, given, declared in (("inputs", node.input, function.input), ("outputs", node.output, function.output)):
+                if len(given) > len(declared):
+                    raise AmpError(
+                        f"{label}: node {_label(nodes, i)!r}{where()} calls local function {_function_name(function)} "
+                        f"with {len(given)} {kind}, but it declares {len(declared)} (onnxruntime refuses such a call; "
+                        f"{_REEXPORT})"
+                    )
+            yield key
+        for name, graph in node_subgraphs(node):
+            yield from _checked_calls(graph.node, functions, label, partial(_subgraph_place, name, nodes, i, where))
+
+
+def _subgraph_place(attribute: str, nodes: Sequence[onnx.NodeProto], index: int, outer: Callable[[], str]) -> str:
+    """Where a subgraph's nodes are: in its attribute of node ``index`` of ``nodes``, and where that is."""
+    return f" in {attribute} of node {_label(nodes, index)!r}{outer()}"
+
+
+def _body_place(function: onnx.FunctionProto) -> str:
+    """Where a function's body's nodes are."""
+    return f" in the body of {_function_name(function)}"
+
+
+def _label(nodes: Sequence[onnx.NodeProto], index: int) -> str:
+    """A node's label, as plans name it (:class:`NodeLabels`), for a message."""
+    return NodeLabels([n.name for n in nodes], [n.op_type for n in nodes])[index]
+
+
+def _function_name(function: onnx.FunctionProto) -> str:
+    overload = f" (overload {function.overload!r})" if function.overload else ""
+    return f"{function.domain}::{function.name}{overload}"
 
 
 def check_input_model(model: onnx.ModelProto | bytes | str, label: str, *, full_check: bool = False) -> None:

@@ -27,7 +27,7 @@ from .dtypes import FLOAT
 from .errors import ConversionError
 from .external import has_external, is_external
 from .graph import GraphContext, NameGenerator, build_context, name_in_use, names_repeat_across_graphs
-from .load import check_input_model, check_versions, load_model
+from .load import check_calls, check_input_model, check_versions, load_model
 from .opset import check_target_opset, upgrade_opset
 from .options import ConvertOptions
 from .plan import Plan, make_plan
@@ -86,6 +86,7 @@ def load_input(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         check_versions(copy, "model")
+        check_calls(copy, "model")
         if not has_external(copy):  # (external data is checked where it is read: by load_model)
             check_input_model(copy, "model")
         return copy

@@ -14,7 +14,7 @@ import pytest
 from helpers import shape_readers_model
 from onnx import helper, numpy_helper
 
-from amp_convert import convert
+from amp_convert import AmpError, convert
 from amp_convert.cli import main
 
 ZOO = Path(__file__).resolve().parents[1] / "models" / "zoo"
@@ -707,6 +707,82 @@ def test_a_local_function_passing_an_input_out_is_the_input_models_failure(tmp_p
     assert main([str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"), "-q", "--provider", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "the input model cannot be loaded by onnxruntime: " in err and "twin" not in err
+
+
+def _overcalling_model(where: str, kind: str) -> onnx.ModelProto:
+    """x -> a call of local::F (Neg: one input, one output) with one
+    ``kind`` ("inputs" or "outputs") more than F declares -> Relu -> y. The
+    call is in the main graph, in the then branch of an If (``where``:
+    "branch"), or in the body of local::Outer, which the main graph calls
+    ("body"; "uncalled": Outer is declared, never called). onnx's checker
+    passes every one."""
+    from onnx import TensorProto, helper
+
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
+    f = helper.make_function("local", "F", ["a"], ["o"], [helper.make_node("Neg", ["a"], ["o"])], opset_imports=opsets[:1])
+    ins, outs = (["a", "a"], ["o"]) if kind == "inputs" else (["a"], ["o", "p"])
+    call = helper.make_node("F", ins, outs, domain="local")
+    outer = helper.make_function("local", "Outer", ["a"], ["o"], [call], opset_imports=opsets)
+    x, y = (helper.make_tensor_value_info(name, TensorProto.FLOAT, [4]) for name in "xy")
+    inputs, functions = [x], [f, outer]
+    if where in ("body", "uncalled"):
+        first = helper.make_node("Outer" if where == "body" else "F", ["x"], ["z"], domain="local")
+    elif where == "main":
+        first = helper.make_node("F", [x.name if n == "a" else n for n in ins], ["z", *outs[1:]], domain="local")
+    else:
+        branch = helper.make_node("F", ["x"] * len(ins), ["z", *outs[1:]], domain="local")
+        then = helper.make_graph([branch], "then", [], [helper.make_tensor_value_info("z", TensorProto.FLOAT, [4])])
+        other = helper.make_graph(
+            [helper.make_node("Neg", ["x"], ["e"])], "else", [], [helper.make_tensor_value_info("e", TensorProto.FLOAT, [4])]
+        )
+        inputs.append(helper.make_tensor_value_info("c", TensorProto.BOOL, []))
+        first = helper.make_node("If", ["c"], ["z"], then_branch=then, else_branch=other)
+    graph = helper.make_graph([first, helper.make_node("Relu", ["z"], ["y"])], "g", inputs, [y])
+    m = helper.make_model(graph, opset_imports=opsets, functions=functions)
+    m.ir_version = 8
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+@pytest.mark.parametrize("kind", ["inputs", "outputs"])
+@pytest.mark.parametrize(
+    ("where", "call"),
+    [
+        ("main", "node 'F_0'"),
+        ("branch", "node 'F_0' in then_branch of node 'If_0'"),
+        ("body", "node 'F_0' in the body of local::Outer"),
+    ],
+)
+def test_a_call_of_a_local_function_with_more_inputs_or_outputs_than_it_declares_is_the_inputs_failure(
+    tmp_path, capsys, where, call, kind
+):
+    """onnx's checker passes a call of a local function with more inputs
+    or outputs than the function declares; onnxruntime refuses the model,
+    and onnx's inliner, which the emulation twin uses, raised a
+    RuntimeError: "internal error" (exit 3), also where a model that does
+    not load falls back to the twin. The input is refused as it is read,
+    by every command (--no-validate would write a model no runtime loads):
+    exit 2, naming the call and the function, nothing written."""
+    path = tmp_path / "m.onnx"
+    onnx.save(_overcalling_model(where, kind), str(path))
+    out = tmp_path / "o.onnx"
+    said = f"{path}: {call} calls local function local::F with 2 {kind}, but it declares 1"
+    for args in ([str(path), "-o", str(out)], [str(path), "-o", str(out), "--no-validate"], ["compare", str(path), str(path)]):
+        assert main([*args, "-q", "--provider", "cpu"]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "internal error" not in err and err.count("\n") == 1
+        assert not out.exists()
+    with pytest.raises(AmpError, match=re.escape(said.replace(f"{path}: ", "model: "))):
+        convert(_overcalling_model(where, kind))
+
+
+def test_a_function_no_node_calls_may_hold_a_call_of_any_arity(tmp_path):
+    """A function that nothing calls is not run: onnxruntime loads a model
+    whose uncalled function calls another with an input too many, and so
+    does amp-convert."""
+    path = tmp_path / "m.onnx"
+    onnx.save(_overcalling_model("uncalled", "inputs"), str(path))
+    assert main([str(path), "-o", str(tmp_path / "o.onnx"), "-q", "--provider", "cpu"]) == 0
 
 
 def test_a_model_whose_twin_and_itself_onnxruntime_cannot_load_is_the_inputs_failure(tmp_path, capsys):
