@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import ChainMap
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import eq
 
 import onnx
 from onnx import TensorProto
@@ -117,13 +118,18 @@ def _may_be_redundant(casts: Iterable[tuple[str, str, int]], types: Mapping[str,
     :func:`_find_redundant`, by name alone, whatever graph each Cast is in
     (so never a "no" where the pass would find one)."""
     casts = list(casts)
+    if any(map(eq, map(types.get, [source for source, _, _ in casts]), [to for _, _, to in casts])):
+        return True
+    # A pair: a Cast reading another's output (few: the rewrite's Casts read the tensors they retype).
+    targets = {target for _, target, _ in casts}
+    seconds = [(source, to) for source, _, to in casts if source in targets]
+    if not seconds:
+        return False
     writers: dict[str, list[tuple[str, int]]] = {}
     for source, target, to in casts:
         writers.setdefault(target, []).append((source, to))
-    for source, _, to in casts:
-        if types.get(source) == to:
-            return True
-        for origin, first_to in writers.get(source, ()):
+    for source, to in seconds:
+        for origin, first_to in writers[source]:
             if types.get(origin) == to and (to, first_to) in EXACT_WIDENINGS:
                 return True
     return False

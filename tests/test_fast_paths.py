@@ -18,7 +18,7 @@ from helpers import init, model, value
 from hypothesis import HealthCheck, given, settings
 from onnx import TensorProto, helper, numpy_helper
 
-from amp_convert import convert, plan, rewrite, typeinfo
+from amp_convert import cleanup, convert, plan, rewrite, typeinfo
 from amp_convert.graph import GraphContext, NameGenerator, _readers, build_context
 from amp_convert.schema import model_opsets
 from models.rule_graphs import RULE_GRAPHS
@@ -116,6 +116,8 @@ SWITCH_OFF = {
     # (the new nodes of a graph put in place by one sort, or each inserted where it goes)
     "nodes inserted where they go": (rewrite, "_INSERT_AT_MOST", -1),
     "nodes placed by sorting": (rewrite, "_INSERT_AT_MOST", sys.maxsize),
+    # (the clean-up's pass runs even where the Casts it is told of say none can be redundant)
+    "Casts screened for the clean-up": (cleanup, "_may_be_redundant", lambda casts, types: True),
     "names taken together": (NameGenerator, "take_all", lambda self, bases: False),
     "initializer reads": (
         rewrite.Rewriter,
@@ -401,3 +403,21 @@ def test_cast_records_are_the_bytes_protobuf_writes(source):
         node=[helper.make_node("Cast", [s], [t], name=n, to=to) for s, t, n, to in zip(sources, targets, names, tos, strict=True)]
     )
     assert rewrite.cast_records(sources, targets, tos, names) == expected.SerializeToString()
+
+
+@pytest.mark.parametrize(
+    ("casts", "types", "may_be"),
+    [
+        ([("x", "x_fp16", TensorProto.FLOAT16)], {"x": TensorProto.FLOAT}, False),
+        ([("x", "x_again", TensorProto.FLOAT)], {"x": TensorProto.FLOAT}, True),  # to its own type
+        # fp16 -> fp32 -> fp16: the second gives back the first's input
+        ([("h", "h32", TensorProto.FLOAT), ("h32", "h16", TensorProto.FLOAT16)], {"h": TensorProto.FLOAT16}, True),
+        # fp32 -> fp16 -> fp32 loses precision: the model's meaning
+        ([("x", "x16", TensorProto.FLOAT16), ("x16", "x32", TensorProto.FLOAT)], {"x": TensorProto.FLOAT}, False),
+        ([("a", "a16", TensorProto.FLOAT16), ("b", "b32", TensorProto.FLOAT)], {"b": TensorProto.FLOAT16}, False),
+    ],
+)
+def test_the_clean_up_screen_finds_each_kind_of_redundant_cast(casts, types, may_be):
+    """The screen that lets the clean-up skip its walk says "maybe" for
+    every Cast its pass would remove, and "no" for the rewrite's usual Casts."""
+    assert cleanup._may_be_redundant(casts, types) is may_be
