@@ -106,14 +106,16 @@ def session(
     options.log_severity_level = 4
     options.enable_mem_reuse = plan_reuse
     disabled = {"disabled_optimizers": list(disabled_optimizers)} if disabled_optimizers else {}
+    written: Path | None = None
     try:
         if not has_external(model) and payload_bytes(model) < PROTOBUF_LIMIT:
             return ort.InferenceSession(model.SerializeToString(), options, providers=providers, **disabled)
         with scratch_folder() as folder:
-            return ort.InferenceSession(str(_written(model, folder, base_dir)), options, providers=providers, **disabled)
+            written = _written(model, folder, base_dir)
+            return ort.InferenceSession(str(written), options, providers=providers, **disabled)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise LoadFailure(first) from None
+        raise LoadFailure(_scratch_unnamed(first, written)) from None
 
 
 _LOAD_IN_CHILD = """
@@ -146,7 +148,16 @@ def load_refusal(model: onnx.ModelProto, provider: str, base_dir: str | os.PathL
     if child.returncode < 0:
         return f"the process loading it crashed ({signal.Signals(-child.returncode).name})"
     lines = child.stderr.strip().splitlines()
-    return lines[-1] if lines else f"the process loading it exited with {child.returncode}"
+    return _scratch_unnamed(lines[-1], path) if lines else f"the process loading it exited with {child.returncode}"
+
+
+def _scratch_unnamed(message: str, written: Path | None) -> str:
+    """onnxruntime's ``message`` with the temporary copy of the model it
+    read from (``written``) called that: the path is gone once the message
+    is shown."""
+    if written is None:
+        return message
+    return message.replace(str(written), "a temporary copy of the model").replace(str(written.parent), "a temporary folder")
 
 
 def version_refusal(opset: int, ir_version: int) -> str | None:

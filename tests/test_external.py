@@ -477,3 +477,19 @@ def test_a_sparse_constant_is_calibrated_and_validated(tmp_path):
     x = RNG.standard_normal((4, 64)).astype(np.float32)
     ref, got = run_path(src, x), run_path(tmp_path / "o.onnx", x)
     assert np.max(np.abs(ref - got)) <= 1e-2 * np.max(np.abs(ref)) + 1e-3
+
+
+def test_a_refusal_of_a_model_read_from_a_temporary_copy_does_not_name_that_copy(source):
+    """onnxruntime reads a model with external data from a copy written to a
+    temporary folder, gone by the time its refusal is shown: the message
+    calls it that, not by a path nobody can open."""
+    from amp_convert.errors import LoadFailure
+    from amp_convert.runner import load_refusal, session
+
+    refused = onnx.load(str(source), load_external_data=False)
+    refused.ir_version = 99  # (newer than any onnxruntime reads)
+    with pytest.raises(LoadFailure) as caught:
+        session(refused, "cpu", source.parent)
+    said = load_refusal(refused, "cpu", source.parent)
+    for message in (caught.value.detail, said):
+        assert "a temporary copy of the model" in message and "amp-convert-" not in message, message
