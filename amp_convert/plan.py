@@ -663,7 +663,7 @@ class Planner:
             if problem:
                 return "safety-initializer-range", problem
         if self.calibration:
-            problem = data_range_problem(ctx, ctx.nodes[i], self.calibration, self.data_max)
+            problem = data_range_problem(ctx, ctx.nodes[i], self.calibration, self.data_max, self.ranges.unused(ctx))
             if problem:
                 return "safety-data-range", problem
         return None

@@ -271,6 +271,7 @@ class ConstantRanges:
         # and, for those judged, why a node cannot read them low (None: it can)
         self._suspects: dict[tuple[str, str], frozenset[str]] = {}
         self._verdicts: dict[tuple[str, str], dict[str, str | None]] = {}
+        self._unused: dict[str, frozenset[str]] = {}  # graph path -> its unused_values
         self.clip = clip
         self.base_dir = base_dir
 
@@ -389,7 +390,7 @@ class ConstantRanges:
         inputs, unused = ctx.ins[i], unused_slot(ctx.ops[i], ctx.nodes[i])
         for slot in low_inputs:
             name = inputs[slot]
-            if name not in suspects or slot == unused:
+            if name not in suspects or slot == unused or name in self.unused(ctx):
                 continue
             verdict = verdicts.get(name, _UNJUDGED)
             if verdict is _UNJUDGED:
@@ -397,6 +398,14 @@ class ConstantRanges:
             if verdict is not None:
                 return verdict
         return None
+
+    def unused(self, ctx: GraphContext) -> frozenset[str]:
+        """:func:`unused_values` of graph ``ctx``, found once: what they hold
+        keeps no node fp32."""
+        found = self._unused.get(ctx.path)
+        if found is None:
+            found = self._unused[ctx.path] = frozenset(unused_values(ctx))
+        return found
 
     def suspects(self, ctx: GraphContext, low: LowDtype) -> frozenset[str]:
         """The float names in ``ctx`` that may carry constant values ``low``
@@ -483,33 +492,66 @@ def unused_slot(op: str, node: onnx.NodeProto) -> int | None:
 
 
 def unused_values(ctx: GraphContext, low_ins: list[tuple[int, ...]] | None = None) -> set[str]:
-    """The tensors of ``ctx`` that only nodes not using them in their mode
-    read (see :func:`unused_slot`), no subgraph and no graph output: what
-    they hold reaches no value, so a change to it is no error. With
-    ``low_ins`` (each node's low input slots), of the reads in the low dtype
-    only: the tensors whose low versions (what the rewrite stores and clips)
-    no node uses."""
+    """The tensors of ``ctx`` whose values reach no value: each read of
+    them is one its node does not use in its mode (see
+    :func:`unused_slot`), or a pass-through op's (an Identity's) whose
+    outputs are such tensors too; no subgraph reads them and no graph
+    outputs them, so a change to what they hold is no error. With
+    ``low_ins`` (each node's low input slots), of the reads in the low
+    dtype only: the tensors whose low versions (what the rewrite stores and
+    clips) no node uses."""
     ops, nodes, ins = ctx.ops, ctx.nodes, ctx.ins
     if CONSTANT_MODE_INPUTS.keys().isdisjoint(ops):  # (most graphs: none, found in C)
         return set()
-
-    def counted(i: int, slot: int) -> bool:
-        return low_ins is None or slot in low_ins[i]
-
-    names = []
+    seeds = []
     for i in [i for i, op in enumerate(ops) if op in CONSTANT_MODE_INPUTS]:
         slot = unused_slot(ops[i], nodes[i])
-        if slot is not None and slot < len(ins[i]) and ins[i][slot] and counted(i, slot):
-            names.append(ins[i][slot])
-    ctx.gather_readers(names)
+        if slot is not None and slot < len(ins[i]) and ins[i][slot]:
+            seeds.append(ins[i][slot])
+    candidates = _passed_to(ctx, seeds)
+    ctx.gather_readers(candidates)
     outputs = set(ctx.output_names)
-    return {
-        name
-        for name in names
-        if name not in ctx.captured_by
-        and name not in outputs
-        and all(not counted(j, slot) or slot == unused_slot(ops[j], nodes[j]) for j, slot in ctx.readers(name))
-    }
+    kept = [name for name in candidates if name not in ctx.captured_by and name not in outputs]
+    dead = set(kept)
+    while True:  # (a tensor read by a pass-through op whose outputs turn out to be used is used)
+        used = {name for name in dead if not all(_unused_read(ctx, j, slot, dead) for j, slot in ctx.readers(name))}
+        if not used:
+            break
+        dead -= used
+    if low_ins is None:
+        return dead
+    found = set()
+    for name in kept:
+        low_reads = [(j, slot) for j, slot in ctx.readers(name) if slot in low_ins[j]]
+        if low_reads and all(_unused_read(ctx, j, slot, dead) for j, slot in low_reads):
+            found.add(name)
+    return found
+
+
+def _passed_to(ctx: GraphContext, names: list[str]) -> list[str]:
+    """``names``, and the tensors whose values pass-through ops pass on to
+    them (an Identity's input, and what reaches that): the tensors that
+    may reach no value when ``names`` reach none."""
+    found, todo = dict.fromkeys(names), list(names)
+    while todo:
+        i = ctx.producer.get(todo.pop())
+        if i is not None and ctx.ops[i] in PASS_THROUGH_OPS:
+            for name in _passed_on(ctx.ops[i], ctx.ins[i], ctx.nodes[i]):
+                if name and name not in found:
+                    found[name] = None
+                    todo.append(name)
+    return list(found)
+
+
+def _unused_read(ctx: GraphContext, j: int, slot: int, dead: set[str]) -> bool:
+    """Whether node ``j``'s read at ``slot`` reaches no value: a slot it
+    does not read in its mode, or one whose value it passes on (a
+    pass-through op) to outputs that are all in ``dead``."""
+    op = ctx.ops[j]
+    if slot == unused_slot(op, ctx.nodes[j]):
+        return True
+    passed = PASS_THROUGH_OPS.get(op, ())
+    return (passed is None or slot in passed) and all(out in dead for out in ctx.outs[j] if out)
 
 
 def _in_constant_mode(node: onnx.NodeProto) -> bool:
@@ -568,17 +610,22 @@ def attribute_constant(node: onnx.NodeProto, name: str) -> tuple[str, onnx.Tenso
     return None
 
 
-def data_range_problem(ctx: GraphContext, node: onnx.NodeProto, calibration: Calibration | None, data_max: float) -> str | None:
+def data_range_problem(
+    ctx: GraphContext, node: onnx.NodeProto, calibration: Calibration | None, data_max: float, unused: frozenset[str]
+) -> str | None:
     """Calibrated rule: a node whose float inputs or outputs reached more than
     ``data_max`` in magnitude in the fp32 run stays fp32 (main graph only:
     calibration sees the main graph's tensors). An input the node does not
-    read in its mode (see :func:`unused_slot`) is not judged."""
+    read in its mode (see :func:`unused_slot`) is not judged, nor one in
+    ``unused`` (the graph's :func:`unused_values`), nor a pass-through op's
+    output there (it holds what the op passes on)."""
     if calibration is None or ctx.parent is not None:
         return None
     worst, where = 0.0, ""
-    unused = unused_slot(node.op_type, node)
-    inputs = [name for k, name in enumerate(node.input) if k != unused]
-    for name in (*inputs, *node.output):
+    slot = unused_slot(node.op_type, node)
+    inputs = [name for k, name in enumerate(node.input) if k != slot and name not in unused]
+    outputs = [name for name in node.output if node.op_type not in PASS_THROUGH_OPS or name not in unused]
+    for name in (*inputs, *outputs):
         value = calibration.abs_max(name) if name else None
         if value is not None and value > worst:
             worst, where = value, name

@@ -41,18 +41,21 @@ def model(
     return m
 
 
-def pads_model(modes: Sequence[str | None], opset: int, constant_node: bool = False) -> onnx.ModelProto:
+def pads_model(modes: Sequence[str | None], opset: int, constant_node: bool = False, identity: bool = False) -> onnx.ModelProto:
     """x (1x4) -> MatMul -> one Pad per mode of ``modes`` (None: no mode
     attribute), each padding by 1 either side with constant_value ``cv``
     (1e10, beyond fp16's range; with ``constant_node`` made by a Constant
-    node ``cvc``, not an initializer) -> Mul by 0.5 -> output ``y<k>`` (1x6)."""
+    node ``cvc``, not an initializer; with ``identity`` read through an
+    Identity ``idn`` as ``cvi``) -> Mul by 0.5 -> output ``y<k>`` (1x6)."""
     nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm")]
     cv = numpy_helper.from_array(np.array(1e10, np.float32), "cv")
     if constant_node:
         nodes.append(helper.make_node("Constant", [], ["cv"], name="cvc", value=cv))
+    if identity:
+        nodes.append(helper.make_node("Identity", ["cv"], ["cvi"], name="idn"))
     for k, mode in enumerate(modes):
         more = {} if mode is None else {"mode": mode}
-        nodes.append(helper.make_node("Pad", ["h", "pads", "cv"], [f"p{k}"], name=f"pad{k}", **more))
+        nodes.append(helper.make_node("Pad", ["h", "pads", "cvi" if identity else "cv"], [f"p{k}"], name=f"pad{k}", **more))
         nodes.append(helper.make_node("Mul", [f"p{k}", "half"], [f"y{k}"], name=f"mul{k}"))
     weight = np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4)
     inits = [init("W", weight), init("pads", np.array([0, 1, 0, 1])), *([] if constant_node else [cv])]

@@ -23,7 +23,7 @@ from amp_convert.inputs import make_source
 from amp_convert.opset import upgrade_opset
 from amp_convert.rewrite import RewriteStats, lower_small_tensors, lower_tensor
 from amp_convert.safety import ConstantRanges, chunked_facts, segment_counts, value_stats
-from amp_convert.validate import ValidationConfig
+from amp_convert.validate import ValidationConfig, validate
 from models.hostile import CULPRITS, HOSTILE
 from models.zoo_inputs import load_manifest
 
@@ -159,6 +159,41 @@ def test_a_constant_value_a_pad_does_not_use_is_stored_low_without_a_clipping_re
     pad = next(n for n in written.graph.node if n.name == "pad0")
     value = stored[pad.input[2]]
     assert value.data_type == onnx.TensorProto.FLOAT16 and onnx.numpy_helper.to_array(value) == 65504
+
+
+@pytest.mark.parametrize("constant_node", [False, True], ids=["initializer", "constant-node"])
+def test_a_constant_value_that_reaches_a_reflect_pad_through_an_identity_is_unused_too(constant_node):
+    """A reflect Pad's constant_value (1e10) read through an Identity,
+    from an initializer or a Constant: as read directly, it reaches no
+    value. The Identity was judged on it (kept fp32 at O2 by either safety
+    rule, the Constant with it), its clipping at O3 was reported, and the
+    per-node diff ranked the Constant, stored clipped, first. Now all run
+    low at O2 as the Pad does, nothing is clipped, nothing is blamed."""
+    m = pads_model(["reflect"], 13, constant_node=constant_node, identity=True)
+    source = make_source(m, samples=2)
+    calibration = calibrate(m, source, "cpu")
+    for initializer_range in (True, False):  # (with both safety rules; the calibrated one alone)
+        out, plan = convert(m, level="O2", calibration=calibration, initializer_range=initializer_range)
+        for name in ("idn", "pad0", "mul0", *(["cvc"] if constant_node else [])):
+            assert plan.by_name(name).precision is Precision.LOW, plan.by_name(name)
+        result = validate(m, out, source, CPU, plan, calibration=calibration)
+        assert result.passed and [n.name for n in result.ranked()] == ["mm"]
+    o3 = convert(m, level="O3")
+    assert o3.stats.clipped == {}
+    result = validate(m, o3.model, source, CPU, o3.plan)
+    assert result.passed and [n.name for n in result.ranked()] == ["mm"]
+
+
+def test_a_constant_value_that_an_identity_passes_to_a_pad_that_uses_it_is_used():
+    """Conservative: the Identity's output reaches a reflect Pad and a Pad
+    in constant mode, which pads with it: the value is used, so that Pad
+    stays fp32 at O2 (the Identity with it), and its clipping at O3 is
+    reported."""
+    m = pads_model(["reflect", "constant"], 13, identity=True)
+    _, plan = convert(m, level="O2")
+    assert plan.by_name("pad1").rule == "safety-initializer-range" and plan.by_name("idn").precision is Precision.FP32
+    assert plan.by_name("pad0").precision is Precision.LOW
+    assert convert(m, level="O3").stats.clipped == {"cv": 1}
 
 
 def test_a_constant_used_in_a_branch_keeps_its_clipping_report_beside_an_unused_one_of_its_name():
