@@ -352,8 +352,10 @@ def runnable(
     ``detect_low_dtype``; ``tensors``: intermediate (name, elem type) pairs
     to expose), through its emulation twin when ``mode`` and ``provider``
     call for one (``twin``: one already built). Under
-    ``mode='auto'``, a model onnxruntime cannot load as is (e.g. a bf16
-    kernel missing on CUDA) falls back to the emulation. A twin that
+    ``mode='auto'``, a low-precision model onnxruntime cannot load as is
+    (e.g. a bf16 kernel missing on CUDA) falls back to the emulation; an
+    fp32 one (``low_elem`` None) does not: its twin would round nothing,
+    and onnxruntime's refusal is the model's own failure. A twin that
     onnxruntime cannot load, where it loads the model as written, is a
     :class:`TwinFailure`: the twin, not the model, is to blame."""
     tensors = list(tensors)
@@ -391,7 +393,7 @@ def runnable(
     except AmpError as e:
         if emulated and isinstance(e, LoadFailure) and load_refusal(model, provider, base_dir) is None:
             raise TwinFailure(e.detail, role) from None
-        if emulated or mode != "auto":
+        if emulated or mode != "auto" or low_elem is None:
             raise
         dtype = "bf16" if low_elem == TensorProto.BFLOAT16 else "fp16"
         note = f"the real {dtype} run failed ({str(e)[:160]}); emulated instead"

@@ -20,11 +20,13 @@ import pytest
 from helpers import init, manifest_source, model, value
 from onnx import helper
 
-from amp_convert import convert
+from amp_convert import convert, runner
 from amp_convert.emulate import emulation_twin
+from amp_convert.errors import LoadFailure
 from amp_convert.inputs import make_source
 from amp_convert.metrics import DEFAULT_TOLERANCES, ErrorStats, Tolerance
 from amp_convert.report import html_report, report_schema, terminal_table
+from amp_convert.runner import runnable
 from amp_convert.validate import ValidationConfig, validate
 from models.zoo_inputs import load_manifest, make_inputs
 
@@ -1323,3 +1325,36 @@ def test_the_twin_of_a_cast_into_a_mul_by_a_reciprocal_loads(tmp_path):
     onnx.save(m, str(path))
     proc = cli(str(path), "--level", "auto", "--auto-from", "O1", "-o", str(tmp_path / "o.onnx"))
     assert proc.returncode == 0, proc.stderr
+
+
+def test_an_fp32_model_onnxruntime_refuses_is_its_own_failure_without_a_twin(monkeypatch):
+    """An fp32 model onnxruntime 1.31 refuses as written: CastElimination
+    drops the Cast of hc to float32 (a float32 tensor) while DivMulFusion
+    turns hc * (1 / e) into a Div reading it ("Node input 'hc' is not a
+    graph input ..."). Under --emulate auto a model onnxruntime refused fell
+    back to its emulation twin, also one with no fp16/bf16 tensors, whose
+    twin is the model: here the twin, run without CastElimination, loaded,
+    and validation without the per-node diff ran the fp32 reference
+    through it ("the reference is low precision too: emulated (the real
+    fp16 run failed ...)"); where the twin failed too, its failure was the
+    one reported. The model's refusal is the failure now, and no twin of
+    it is built."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="proj"),
+        helper.make_node("Cast", ["h"], ["hc"], name="cast", to=onnx.TensorProto.FLOAT),
+        helper.make_node("Exp", ["x"], ["e"], name="exp"),
+        helper.make_node("Div", ["one", "e"], ["inv"], name="inv"),
+        helper.make_node("Mul", ["hc", "inv"], ["y"], name="scale"),
+    ]
+    w = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+    m = model(nodes, [value("x", shape=(2, 4))], [value("y", shape=(2, 4))], [init("W", w), init("one", np.float32(1.0))])
+    twins = []
+    monkeypatch.setattr(runner, "emulation_twin", lambda *args: twins.append(args[0]) or emulation_twin(*args))
+    refused = "Node input 'hc' is not a graph input"
+    with pytest.raises(LoadFailure, match=refused) as failure:
+        runnable(m, None, "cpu", "auto", (), None, "reference")
+    assert type(failure.value) is LoadFailure and failure.value.role == "reference" and twins == []
+    candidate = convert(m, level="O3").model  # (low: validated through its twin)
+    with pytest.raises(LoadFailure, match=refused) as failure:
+        validate(m, candidate, make_source(m), ValidationConfig(provider="cpu", per_node=False))
+    assert failure.value.role == "reference" and all(twin is not m for twin in twins) and twins
