@@ -30,7 +30,7 @@ from onnx import TensorProto, helper
 from .calibrate import Calibration
 from .dtypes import FLOAT_TYPES
 from .emulate import EMULATE_MODES, decide_emulation, low_dtype_of, low_io
-from .errors import AmpError, LoadFailure, NeitherLoads, TwinFailure
+from .errors import AmpError, LoadFailure, ModelFailure, NeitherLoads, TwinFailure
 from .graph import build_context, tensor_names
 from .inputs import CandidateInputs, InputSource
 from .lists import EXACT_OPS
@@ -257,8 +257,10 @@ class Validator:
         pins = [s for s in self.selections if makes(cand_ctx, s)]
         try:
             return self._check(candidate, cand_ctx, config, plan, progress, pins)
-        except AmpError as e:
-            if not pins:
+        except ModelFailure as e:
+            # Only the pinned candidate's own failure may go with its pins: the
+            # reference and every check but the candidate's run are the same without them.
+            if not pins or e.role != "candidate":
                 raise
             why = str(e)[:160]
         # The pinned candidate failed to load or run (e.g. a choice it cannot take): compare as it is.

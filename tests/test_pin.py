@@ -16,10 +16,14 @@ import pytest
 from helpers import I64, init, model, run, value
 from onnx import helper
 
+from amp_convert import convert
+from amp_convert import validate as validate_module
+from amp_convert.errors import RunFailure
 from amp_convert.graph import build_context, tensor_names
 from amp_convert.inputs import make_source
 from amp_convert.pin import find_selections, pin
 from amp_convert.report import report_schema
+from amp_convert.runner import runnable
 from amp_convert.schema import model_opsets
 from amp_convert.typeinfo import infer_types
 from amp_convert.validate import ValidationConfig, validate
@@ -216,6 +220,37 @@ def test_a_candidate_that_cannot_take_the_pinned_choice_is_compared_as_it_is():
     result = validate(reference, candidate, make_source(reference, samples=2), ValidationConfig(provider="cpu"))
     assert result.pinned == [] and result.pin_note.startswith("choices not pinned: the pinned candidate failed")
     assert result.as_dict()["pinned"]["note"] == result.pin_note
+
+
+def test_a_reference_that_cannot_run_on_the_samples_is_not_validated_again_unpinned(monkeypatch):
+    """The model reads row ``row`` of x, which has one: on samples whose
+    row is 1 no model runs. Validation retried without the pinned choice
+    (ArgMax -> Gather) on any failure, the reference's too, which runs the
+    same without pins: both sessions were built twice and the second
+    failure reported. Only the pinned candidate's own failure is retried."""
+    rng = np.random.default_rng(1)
+    nodes = [
+        helper.make_node("Gather", ["x", "row"], ["picked_row"], name="pick_row", axis=0),
+        helper.make_node("MatMul", ["picked_row", "W"], ["scores"], name="score"),
+        helper.make_node("ArgMax", ["scores"], ["best"], name="argmax", axis=1, keepdims=0),
+        helper.make_node("Gather", ["table", "best"], ["y"], name="lookup", axis=0),
+    ]
+    inits = [
+        init("W", rng.standard_normal((16, 4)).astype(np.float32)),
+        init("table", np.arange(8.0, dtype=np.float32).reshape(4, 2)),
+    ]
+    reference = model(nodes, [value("x", shape=(1, 16)), value("row", I64, shape=(1,))], [value("y", shape=(1, 2))], inits)
+    ctx = build_context(reference.graph)
+    infer_types(ctx, model_opsets(reference))
+    assert [s.name for s in find_selections(ctx)] == ["best"]  # (pinned in the candidate, which makes it too)
+    candidate = convert(reference, level="O2").model
+    built = []
+    monkeypatch.setattr(validate_module, "runnable", lambda *args: built.append(args[0] is reference) or runnable(*args))
+    source = make_source(reference, ranges=["row=1:2"])
+    with pytest.raises(RunFailure) as failure:
+        validate(reference, candidate, source, ValidationConfig(provider="cpu"))
+    assert failure.value.role == "reference" and "out of data bounds" in failure.value.detail, failure.value
+    assert built == [False, True]  # (the pinned candidate's session, then the reference's)
 
 
 @pytest.mark.parametrize("label_type", [onnx.TensorProto.INT32, onnx.TensorProto.FLOAT])
