@@ -354,14 +354,16 @@ def runnable(
     call for one (``twin``: one already built). Under
     ``mode='auto'``, a low-precision model onnxruntime cannot load as is
     (e.g. a bf16 kernel missing on CUDA) falls back to the emulation; an
-    fp32 one (``low_elem`` None) does not: its twin would round nothing,
-    and onnxruntime's refusal is the model's own failure. A twin that
+    fp32 one (``low_elem`` None), whose twin would round nothing, is run as
+    written without the optimizations a twin runs without
+    (TWIN_DISABLED_OPTIMIZERS: onnxruntime 1.31 refuses some valid fp32
+    models after them), its refusal then its own failure. A twin that
     onnxruntime cannot load, where it loads the model as written, is a
     :class:`TwinFailure`: the twin, not the model, is to blame."""
     tensors = list(tensors)
     emulated, note = decide_emulation(mode, provider, low_elem, low_io(model), role)
 
-    def start(emulate: bool) -> Runnable:
+    def start(emulate: bool, disabled: Sequence[str] = ()) -> Runnable:
         nonlocal twin
         if emulate and twin is None:
             twin = emulation_twin(model, base_dir)
@@ -381,7 +383,7 @@ def runnable(
                 provider,
                 base_dir,
                 plan_reuse=not (emulate and not tensors),
-                disabled_optimizers=TWIN_DISABLED_OPTIMIZERS if emulate else (),
+                disabled_optimizers=TWIN_DISABLED_OPTIMIZERS if emulate else disabled,
             )
         except LoadFailure as e:
             raise LoadFailure(e.detail, role) from None
@@ -393,8 +395,15 @@ def runnable(
     except AmpError as e:
         if emulated and isinstance(e, LoadFailure) and load_refusal(model, provider, base_dir) is None:
             raise TwinFailure(e.detail, role) from None
-        if emulated or mode != "auto" or low_elem is None:
+        if emulated or mode != "auto":
             raise
+        if low_elem is None:
+            skipped = ", ".join(TWIN_DISABLED_OPTIMIZERS)
+            note = f"{note}; onnxruntime refused it as written ({str(e)[:160]}): run without {skipped}"
+            try:
+                return start(False, TWIN_DISABLED_OPTIMIZERS)
+            except AmpError:
+                raise e from None
         dtype = "bf16" if low_elem == TensorProto.BFLOAT16 else "fp16"
         note = f"the real {dtype} run failed ({str(e)[:160]}); emulated instead"
         return start(True)

@@ -1327,18 +1327,11 @@ def test_the_twin_of_a_cast_into_a_mul_by_a_reciprocal_loads(tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
-def test_an_fp32_model_onnxruntime_refuses_is_its_own_failure_without_a_twin(monkeypatch):
+def _refused_as_written() -> onnx.ModelProto:
     """An fp32 model onnxruntime 1.31 refuses as written: CastElimination
     drops the Cast of hc to float32 (a float32 tensor) while DivMulFusion
     turns hc * (1 / e) into a Div reading it ("Node input 'hc' is not a
-    graph input ..."). Under --emulate auto a model onnxruntime refused fell
-    back to its emulation twin, also one with no fp16/bf16 tensors, whose
-    twin is the model: here the twin, run without CastElimination, loaded,
-    and validation without the per-node diff ran the fp32 reference
-    through it ("the reference is low precision too: emulated (the real
-    fp16 run failed ...)"); where the twin failed too, its failure was the
-    one reported. The model's refusal is the failure now, and no twin of
-    it is built."""
+    graph input ...")."""
     nodes = [
         helper.make_node("MatMul", ["x", "W"], ["h"], name="proj"),
         helper.make_node("Cast", ["h"], ["hc"], name="cast", to=onnx.TensorProto.FLOAT),
@@ -1347,14 +1340,36 @@ def test_an_fp32_model_onnxruntime_refuses_is_its_own_failure_without_a_twin(mon
         helper.make_node("Mul", ["hc", "inv"], ["y"], name="scale"),
     ]
     w = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
-    m = model(nodes, [value("x", shape=(2, 4))], [value("y", shape=(2, 4))], [init("W", w), init("one", np.float32(1.0))])
+    return model(nodes, [value("x", shape=(2, 4))], [value("y", shape=(2, 4))], [init("W", w), init("one", np.float32(1.0))])
+
+
+def test_an_fp32_model_onnxruntime_refuses_as_written_runs_without_its_failing_optimization_not_a_twin(monkeypatch):
+    """Under --emulate auto a model onnxruntime refused fell back to its
+    emulation twin, also one with no fp16/bf16 tensors (whose twin rounds
+    nothing), and validation then called the fp32 reference "low precision
+    too: emulated (the real fp16 run failed ...)". Such a model runs as
+    written, without the optimization onnxruntime fails on (as twins run),
+    not emulated, and no twin of it is built."""
+    m = _refused_as_written()
+    with pytest.raises(LoadFailure, match="Node input 'hc' is not a graph input"):
+        runner.session(m, "cpu")  # (as written, with every optimization: refused)
     twins = []
     monkeypatch.setattr(runner, "emulation_twin", lambda *args: twins.append(args[0]) or emulation_twin(*args))
-    refused = "Node input 'hc' is not a graph input"
-    with pytest.raises(LoadFailure, match=refused) as failure:
+    ran = runnable(m, None, "cpu", "auto", (), None, "reference")
+    assert not ran.emulated and twins == [] and "run without CastElimination" in ran.note
+    candidate = convert(m, level="O3").model  # (low: validated through its twin)
+    result = validate(m, candidate, make_source(m), ValidationConfig(provider="cpu", per_node=False))
+    assert result.passed and not result.reference_emulated and all(twin is not m for twin in twins) and twins
+
+
+def test_an_fp32_model_onnxruntime_cannot_load_at_all_is_its_own_failure_without_a_twin(monkeypatch):
+    """Where the model is refused without those optimizations too (an IR
+    version newer than onnxruntime reads), the refusal as written is the
+    model's failure: no twin is built for it."""
+    m = _refused_as_written()
+    m.ir_version = 99
+    twins = []
+    monkeypatch.setattr(runner, "emulation_twin", lambda *args: twins.append(args[0]) or emulation_twin(*args))
+    with pytest.raises(LoadFailure, match="IR version") as failure:
         runnable(m, None, "cpu", "auto", (), None, "reference")
     assert type(failure.value) is LoadFailure and failure.value.role == "reference" and twins == []
-    candidate = convert(m, level="O3").model  # (low: validated through its twin)
-    with pytest.raises(LoadFailure, match=refused) as failure:
-        validate(m, candidate, make_source(m), ValidationConfig(provider="cpu", per_node=False))
-    assert failure.value.role == "reference" and all(twin is not m for twin in twins) and twins
