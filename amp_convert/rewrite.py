@@ -223,6 +223,21 @@ class _SettledReads:
     low: np.ndarray
 
 
+_NO_READS = _SettledReads(np.zeros(0, np.int64), np.zeros(0, bool))
+
+
+@dataclass(frozen=True)
+class _Visits:
+    """What the rewrite looks at (see :func:`_nodes_to_visit`): the nodes,
+    in graph order; in a graph whose Casts are made together, the inputs to
+    look at of each node visited for them (None: every input of every node
+    visited), and the reads whose Casts are settled without a visit."""
+
+    nodes: list[int]
+    slots_of: dict[int, list[int]] | None = None
+    settled: _SettledReads = _NO_READS
+
+
 def _casts_together(ctx: GraphContext) -> bool:
     """Whether the Casts a graph's nodes ask for are gathered, to be made
     together once all are looked at (see :meth:`Rewriter._make_asked`): in
@@ -262,7 +277,7 @@ def _nodes_to_visit(
     changed: dict[str, int],
     output_producers: set[int],
     unsettled: Collection[str] | None,
-) -> tuple[list[int], dict[int, list[int]] | None, _SettledReads | None]:
+) -> _Visits:
     """The nodes the rewrite must look at, in graph order: those with an
     input whose tensor may not have the type the node reads it in, control
     flow, low ops whose attributes change, and graph outputs' producers (and
@@ -288,7 +303,7 @@ def _nodes_to_visit(
     table = ctx.input_slots()
     flat, node = table.names, table.node
     if not flat:
-        return sorted(always), None, None
+        return _Visits(sorted(always))
     n, count = len(ctx.ins), len(flat)
     # Each input's tensor: its type, or _RETYPED if it was float32 and is low now.
     declared = ctx.input_types()
@@ -303,7 +318,7 @@ def _nodes_to_visit(
         look &= np.fromiter(map(is_not, precision, repeat(_UNCHANGED)), bool, n)[node]
     if unsettled is None:
         always.update(np.unique(node[look]).tolist())
-        return sorted(always), None, None
+        return _Visits(sorted(always))
     settles = look & _settles(ctx, t, declared, reads, unsettled)
     if always:
         settles &= ~np.isin(node, list(always))
@@ -318,7 +333,7 @@ def _nodes_to_visit(
             found.append(slot)
     for i in always:
         slots_of.pop(i, None)
-    return sorted(always.union(slots_of)), slots_of, _SettledReads(settled, reads.low[settled])
+    return _Visits(sorted(always.union(slots_of)), slots_of, _SettledReads(settled, reads.low[settled]))
 
 
 def _settles(
@@ -333,6 +348,64 @@ def _settles(
     tensors = ctx.tensors()
     settles = np.where(reads.low, types == FLOAT, (types == _RETYPED) & (declared == FLOAT))
     return settles & ~reads.odd & (tensors.of_slot >= 0) & ~tensors.slots_in(unsettled)
+
+
+def _settled_casts(
+    ctx: GraphContext, settled: _SettledReads, low: int
+) -> tuple[list[tuple[str, int]], list[str], list[int], np.ndarray]:
+    """One Cast per (tensor, type) the ``settled`` reads ask for: their
+    keys (tensor, type), their sources (each the tensor itself: its only
+    version), the input slot of each one's first read, and each read's Cast
+    (its number in those lists). Found with one np.unique over the tensors'
+    numbers, doubled, plus 1 for a read in the low type."""
+    positions = settled.positions
+    _, firsts, reading = np.unique(ctx.tensors().of_slot[positions] * 2 + settled.low, return_index=True, return_inverse=True)
+    first_reads = positions[firsts].tolist()
+    names = list(map(ctx.input_slots().names.__getitem__, first_reads))
+    keys = list(zip(names, np.where(settled.low[firsts], low, FLOAT).tolist(), strict=True))
+    return keys, names.copy(), first_reads, reading
+
+
+def _merge_asked(
+    keys: list[tuple[str, int]], sources: list[str], first_reads: list[int], asked: _Asked
+) -> dict[int, list[tuple[int, int]]]:
+    """Add the Casts the loop over the nodes ``asked`` for to those of the
+    settled reads (``keys``, ``sources``, ``first_reads``: extended in
+    place), one per (tensor, type); the reads the loop asked each for, by
+    Cast number. (A Cast both ask for: its tensor's only version is itself
+    for either, and its first read the earlier.)"""
+    number = dict(zip(keys, range(len(keys)), strict=True)) if asked else {}
+    readers: dict[int, list[tuple[int, int]]] = {}
+    for key, (source, reads, first) in asked.items():
+        k = number.get(key)
+        if k is None:
+            k = number[key] = len(keys)
+            keys.append(key)
+            sources.append(source)
+            first_reads.append(first)
+        else:
+            first_reads[k] = min(first_reads[k], first)
+        readers[k] = reads
+    return readers
+
+
+def _redirect(
+    ctx: GraphContext,
+    settled: _SettledReads,
+    settled_targets: list[str],
+    readers: dict[int, list[tuple[int, int]]],
+    target_of: np.ndarray,
+) -> None:
+    """Point each read at its Cast's output: the settled reads (to
+    ``settled_targets``, one per read) and those the loop asked for
+    (``readers``, by Cast number: to ``target_of`` that number)."""
+    nodes, table, positions = ctx.nodes, ctx.input_slots(), settled.positions
+    for j, slot, target in zip(table.node[positions].tolist(), table.slot[positions].tolist(), settled_targets, strict=True):
+        nodes[j].input[slot] = target
+    for k, reads in readers.items():
+        target = target_of[k]
+        for j, slot in reads:
+            nodes[j].input[slot] = target
 
 
 class Rewriter:
@@ -440,10 +513,11 @@ class Rewriter:
         # (constants' low versions may be copies; other versions than itself are looked up: their reads are visited)
         constants = _constant_outputs(ctx) if together else set()
         unsettled = constants.union(versions, ctx.output_names) if together else None
-        visit, slots_of, settled = _nodes_to_visit(ctx, precision, reads, changed, output_producers, unsettled)
+        visits = _nodes_to_visit(ctx, precision, reads, changed, output_producers, unsettled)
+        slots_of = visits.slots_of
         asked: _Asked | None = {} if together else None
         starts = ctx.input_slots().starts() if together else None
-        for i in visit:
+        for i in visits.nodes:
             inputs = ins[i]
             low_inputs = low_ins[i]
             agnostic = DTYPE_AGNOSTIC_INPUTS.get(ops[i], ())
@@ -480,7 +554,7 @@ class Rewriter:
                 self._lower_node(ctx.nodes[i], ctx.path)
             if i in output_producers:
                 self._fix_graph_outputs(ctx, i, ctx.nodes[i], changed, after)
-        asked_casts = self._make_asked(ctx, asked, settled) if asked is not None else None
+        asked_casts = self._make_asked(ctx, asked, visits.settled) if asked is not None else None
         self._unused_low.update((ctx.path, name) for name in unused_values(ctx, low_ins))
         if ctx.parent is not None:
             self._fix_passthrough_outputs(ctx, top, after)
@@ -741,7 +815,7 @@ class Rewriter:
         self._versions[home.path][name] = {**vs, need: target}
         return target
 
-    def _make_asked(self, ctx: GraphContext, asked: _Asked, settled: _SettledReads | None) -> _Batch | None:
+    def _make_asked(self, ctx: GraphContext, asked: _Asked, settled: _SettledReads) -> _Batch | None:
         """Make the Casts the nodes of a main graph without bodies asked for:
         those of the ``settled`` reads, and ``asked`` in the loop over its
         nodes. Made in the order first asked (the order of the reading
@@ -751,59 +825,38 @@ class Rewriter:
         asks for tens of thousands). Nothing asks for such a graph's
         versions afterwards: they are not recorded. Returned encoded, for
         :func:`_place`; None where none was asked for."""
-        table, low = ctx.input_slots(), self.low.onnx_type
-        if settled is None:
-            settled = _SettledReads(np.zeros(0, np.int64), np.zeros(0, bool))
-        positions = settled.positions
-        # One Cast per (tensor, type) the settled reads ask for: the tensor's number, doubled, plus 1 if low.
-        _, firsts, reading = np.unique(ctx.tensors().of_slot[positions] * 2 + settled.low, return_index=True, return_inverse=True)
-        first_reads = positions[firsts].tolist()
-        names = list(map(table.names.__getitem__, first_reads))
-        keys = list(zip(names, np.where(settled.low[firsts], low, FLOAT).tolist(), strict=True))
-        sources = names.copy()  # (each its only version)
-        number = dict(zip(keys, range(len(keys)), strict=True)) if asked else {}
-        readers: dict[int, list[tuple[int, int]]] = {}  # Cast number -> the reads the loop asked it for
-        for key, (source, reads, first) in asked.items():
-            k = number.get(key)
-            if k is None:
-                k = number[key] = len(keys)
-                keys.append(key)
-                sources.append(source)
-                first_reads.append(first)
-            else:  # (the same Cast for other reads: the tensor's only version is itself there too)
-                first_reads[k] = min(first_reads[k], first)
-            readers[k] = reads
+        keys, sources, first_reads, reading = _settled_casts(ctx, settled, self.low.onnx_type)
+        readers = _merge_asked(keys, sources, first_reads, asked)
         if not keys:
             return None
-        order = np.argsort(np.asarray(first_reads, np.int64), kind="stable")
-        keys = list(map(keys.__getitem__, order.tolist()))
-        sources = list(map(sources.__getitem__, order.tolist()))
-        shorts = {need: _short(need) for need in {need for _, need in keys}}
-        targets = [f"{name}_{shorts[need]}" for name, need in keys]
-        cast_names = [f"{target}_cast" for target in targets]
-        if not self.names.take_all(targets + cast_names):  # (one is taken: named one at a time, in that order)
-            targets, cast_names = [], []
-            for name, need in keys:
-                targets.append(self.names(f"{name}_{shorts[need]}"))
-                cast_names.append(self.names(f"{targets[-1]}_cast"))
-        needs = [need for _, need in keys]
-        target_of = np.empty(len(keys), object)  # (by Cast number)
+        order = np.argsort(np.asarray(first_reads, np.int64), kind="stable").tolist()
+        keys, sources = list(map(keys.__getitem__, order)), list(map(sources.__getitem__, order))
+        targets, cast_names = self._cast_names(keys)
+        target_of = np.empty(len(keys), object)  # (by Cast number, as found)
         target_of[order] = targets
-        nodes = ctx.nodes
-        for j, slot, target in zip(
-            table.node[positions].tolist(), table.slot[positions].tolist(), target_of[reading].tolist(), strict=True
-        ):
-            nodes[j].input[slot] = target
-        for k, reads in readers.items():
-            for j, slot in reads:
-                nodes[j].input[slot] = target_of[k]
-        producer = ctx.producer
+        _redirect(ctx, settled, target_of[reading].tolist(), readers, target_of)
+        needs = [need for _, need in keys]
         # After its tensor's producer (and after the Casts made one at a time there); first for a graph input or initializer.
-        places = [-1.0 if i is None else i + _AFTER_OTHERS for i in map(producer.get, (name for name, _ in keys))]
+        places = [-1.0 if i is None else i + _AFTER_OTHERS for i in map(ctx.producer.get, (name for name, _ in keys))]
         self.retyped.update(zip(targets, needs, strict=True))
         self.new_casts.extend(zip(sources, targets, needs, strict=True))
         self.stats.casts_inserted += len(keys)
         return _Batch(cast_records(sources, targets, needs, cast_names), places)
+
+    def _cast_names(self, keys: list[tuple[str, int]]) -> tuple[list[str], list[str]]:
+        """The output and node names of the Casts of ``keys`` (tensor, type),
+        taken in that order, as :meth:`_version` names one: checked against
+        the model's in one set operation, one at a time where one is taken."""
+        shorts = {need: _short(need) for need in {need for _, need in keys}}
+        targets = [f"{name}_{shorts[need]}" for name, need in keys]
+        cast_names = [f"{target}_cast" for target in targets]
+        if self.names.take_all(targets + cast_names):
+            return targets, cast_names
+        targets, cast_names = [], []
+        for name, need in keys:
+            targets.append(self.names(f"{name}_{shorts[need]}"))
+            cast_names.append(self.names(f"{targets[-1]}_cast"))
+        return targets, cast_names
 
     def _constant_copy(self, ctx: GraphContext, i: int, name: str, after: dict) -> str | None:
         """The low copy (see :meth:`_low_copy`) of the fp32 value of Constant
@@ -921,7 +974,7 @@ def declare_initializers(root: GraphContext) -> None:
                 v.type.tensor_type.elem_type = tensor.data_type
 
 
-def _place(ctx: GraphContext, top: list[bytes], after: dict[int, list[bytes]], made: _Batch | None = None) -> None:
+def _place(ctx: GraphContext, top: list[bytes], after: dict[int, list[bytes]], made: _Batch | None) -> None:
     """Put the encoded nodes ``top`` first, ``after[i]`` right after node
     ``i``, and the batch ``made`` where it says (after those), keeping the
     order topological."""

@@ -80,22 +80,73 @@ def _odd_cases() -> onnx.ModelProto:
     )
 
 
-CASES = [*sorted(RULE_GRAPHS), "zoo:controlflow", "zoo:lstm", "zoo:gpt2", "odd"]
+def _asked_first_by_a_visited_node() -> onnx.ModelProto:
+    """x's Cast is asked for by a node the rewrite visits (mm_x: its output
+    is a graph output) before z's, whose reads the arrays settle, and then
+    by a settled read after z's: the Casts come in the order first asked."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "x"], ["y"], name="mm_x"),
+        helper.make_node("MatMul", ["z", "z"], ["q"], name="mm_z"),
+        helper.make_node("MatMul", ["x", "q"], ["r"], name="mm_xq"),
+        helper.make_node("Relu", ["r"], ["s"], name="relu"),
+    ]
+    inputs, outputs = [value(n, shape=(4, 4)) for n in ("x", "z")], [value(n, shape=(4, 4)) for n in ("y", "s")]
+    return model(nodes, inputs, outputs)
+
+
+def _shared_beyond_the_range() -> onnx.ModelProto:
+    """W (beyond fp16) is read low by a MatMul and fp32 by an Exp: with
+    clipping on, its low reader gets a clipped copy, not a Cast (a version
+    the arrays must leave to the loop)."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("Exp", ["W"], ["e"], name="exp"),
+        helper.make_node("MatMul", ["h", "e"], ["y"], name="mm2"),
+    ]
+    return model(nodes, [value("x", shape=(4, 4))], [value("y", shape=(4, 4))], [init("W", np.full((4, 4), 1e6, np.float32))])
+
+
+def _casts_after_one_node() -> onnx.ModelProto:
+    """A low Split whose first two outputs are graph outputs (renamed, each
+    given a Cast after the Split, one at a time) and whose third a Softmax
+    reads fp32 (a settled read: its Cast comes after those two)."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("Split", ["h"], ["a", "b", "c"], name="split", axis=1, num_outputs=3),
+        helper.make_node("Softmax", ["c"], ["sm"], name="softmax", axis=-1),
+        helper.make_node("Mul", ["sm", "sm"], ["y"], name="mul"),
+    ]
+    w = np.random.default_rng(1).standard_normal((6, 6)).astype(np.float32)
+    outputs = [value("a", shape=(2, 2)), value("b", shape=(2, 2)), value("y", shape=(2, 2))]
+    return model(nodes, [value("x", shape=(2, 6))], outputs, [init("W", w)], opset=18)
+
+
+BUILT = {"odd": _odd_cases, "asked-first": _asked_first_by_a_visited_node, "shared": _shared_beyond_the_range}
+BUILT["after-one-node"] = _casts_after_one_node
+CASES = [*sorted(RULE_GRAPHS), "zoo:controlflow", "zoo:lstm", "zoo:gpt2", *BUILT]
 
 
 def _load(name: str) -> onnx.ModelProto:
-    if name == "odd":
-        return _odd_cases()
+    if name in BUILT:
+        return BUILT[name]()
     return RULE_GRAPHS[name]() if name in RULE_GRAPHS else onnx.load(str(ZOO / f"{name[4:]}.onnx"))
+
+
+# Each level, dtype and I/O setting; and at O2 with constants clipped (the safety rule keeps none fp32 for them).
+SETTINGS = [
+    {"level": level, "dtype": dtype, "io_types": io}
+    for level in ("O1", "O2", "O3")
+    for dtype in ("fp16", "bf16")
+    for io in ("keep", "low")
+]
+SETTINGS.append({"level": "O2", "dtype": "fp16", "io_types": "keep", "clip_initializers": True})
 
 
 def _results(original: onnx.ModelProto) -> list[tuple[bytes, str, dict]]:
     out = []
-    for level in ("O1", "O2", "O3"):
-        for dtype in ("fp16", "bf16"):
-            for io in ("keep", "low"):
-                r = convert(original, level=level, dtype=dtype, io_types=io, check="none")
-                out.append((r.model.SerializeToString(deterministic=True), r.plan.to_json(), r.stats.as_dict()))
+    for setting in SETTINGS:
+        r = convert(original, check="none", **setting)
+        out.append((r.model.SerializeToString(deterministic=True), r.plan.to_json(), r.stats.as_dict()))
     return out
 
 
