@@ -17,6 +17,7 @@ calls are searched for the low types they make (:class:`_CalledTypes`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ from onnx import TensorProto, helper, inliner, numpy_helper
 from .dtypes import LOW_DTYPES
 from .errors import AmpError
 from .external import read_array
-from .graph import GraphContext, NameGenerator, build_context, name_in_use, node_subgraphs
+from .graph import GraphContext, NameGenerator, build_context, name_in_use, nested_graphs
 from .lists import CONTAINER_TYPE_ATTRIBUTE_OPS, DTYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
 from .schema import is_default_domain, model_opsets, signature
 from .typeinfo import declared_type, infer_types
@@ -238,7 +239,7 @@ def _at_model_opsets(function: onnx.FunctionProto, opsets: dict[str, int]) -> on
     moved = {d: v for d, v in model_opsets(function).items() if opsets.get(d, v) != v}
     if not moved:
         return function
-    for node in _all_nodes(function.node):
+    for node in chain(function.node, *(graph.node for graph in nested_graphs(function.node))):
         domain = "" if is_default_domain(node.domain) else node.domain
         if domain in moved and _since(node.op_type, domain, moved[domain]) != _since(node.op_type, domain, opsets[domain]):
             return function
@@ -254,14 +255,6 @@ def _since(op_type: str, domain: str, version: int) -> int | None:
     none, as for a local function's call or a custom op)."""
     found = signature(op_type, domain, version)
     return found.since_version if found is not None else None
-
-
-def _all_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
-    """``nodes`` and those of their subgraphs, at any depth."""
-    for node in nodes:
-        yield node
-        for _, graph in node_subgraphs(node):
-            yield from _all_nodes(graph.node)
 
 
 def _rewrite_inner_first(ctx: GraphContext, names: NameGenerator, base_dir: Path | None) -> None:

@@ -360,6 +360,15 @@ def node_subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]
                 yield f"{attr.name}[{i}]", g
 
 
+def nested_graphs(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.GraphProto]:
+    """The graphs nested in ``nodes``' attributes, at any depth, each before
+    those nested in it."""
+    for node in nodes:
+        for _, graph in node_subgraphs(node):
+            yield graph
+            yield from nested_graphs(graph.node)
+
+
 def build_context(
     graph: onnx.GraphProto,
     path: str = "",

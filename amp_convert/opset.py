@@ -14,7 +14,7 @@ import onnx.version_converter
 from onnx import helper, numpy_helper
 
 from .errors import AmpError
-from .graph import NameGenerator, NodeLabels, node_subgraphs
+from .graph import NameGenerator, NodeLabels, nested_graphs, node_subgraphs
 from .safety import attribute_constant
 from .schema import is_default_domain, model_opsets
 
@@ -189,11 +189,9 @@ def _keep_names(given: onnx.ModelProto, upgraded: onnx.ModelProto) -> None:
 
 
 def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """A graph and every graph nested in its nodes' attributes."""
+    """A graph and every graph nested in its nodes' attributes, each before those nested in it."""
     yield graph
-    for node in graph.node:
-        for _, body in node_subgraphs(node):
-            yield from _graphs(body)
+    yield from nested_graphs(graph.node)
 
 
 def _graphs_with_constants(graph: onnx.GraphProto, outer: dict) -> Iterator[tuple[onnx.GraphProto, dict[str, onnx.TensorProto]]]:
