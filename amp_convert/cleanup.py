@@ -14,7 +14,7 @@ from operator import eq
 import onnx
 from onnx import TensorProto
 
-from .graph import GRAPH_OPS, GraphContext, build_context, cast_to, node_subgraphs, sort_nodes
+from .graph import GraphContext, build_context, cast_to, may_nest, node_subgraphs, sort_nodes
 from .schema import is_default_domain, model_opsets
 from .typeinfo import infer_types
 
@@ -150,12 +150,10 @@ def _find_redundant(
     own: dict[str, str] = {}
     renames[id(graph)] = (graph, own)
     outputs = {v.name for v in graph.output}
-    default = ("", "ai.onnx")
     for node in graph.node:
-        op = node.op_type
-        if op != "Cast" or node.domain not in default:
-            if op in GRAPH_OPS or node.domain not in default:
-                for sub in _bodies(node):
+        if node.op_type != "Cast" or not is_default_domain(node.domain):
+            if may_nest(node):
+                for _, sub in node_subgraphs(node):
                     inner = ChainMap(scopes[id(sub)], types) if scopes is not None and id(sub) in scopes else types
                     _find_redundant(sub, inner, casts, renames, candidates, scopes)
             continue
@@ -196,8 +194,8 @@ def _apply_renames(
 
 
 def _bodies(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    """Subgraphs of a node; only these ops (and custom-domain ones) have any."""
-    if node.op_type in GRAPH_OPS or node.domain not in ("", "ai.onnx"):
+    """Subgraphs of a node (see :func:`may_nest`)."""
+    if may_nest(node):
         return [g for _, g in node_subgraphs(node)]
     return []
 

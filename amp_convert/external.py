@@ -22,7 +22,7 @@ import onnx
 from google.protobuf.message import EncodeError
 from onnx import helper
 
-from .graph import GRAPH_OPS, node_subgraphs
+from .graph import may_nest, node_subgraphs
 from .lists import VALUE_ATTRIBUTE_OPS
 
 PROTOBUF_LIMIT = 2**31 - 1  # a ModelProto cannot serialize past 2 GB
@@ -116,7 +116,7 @@ def all_initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     """Initializers of a graph and of all its subgraphs."""
     yield from graph.initializer
     for node in graph.node:
-        if node.op_type in GRAPH_OPS or node.domain not in ("", "ai.onnx"):
+        if may_nest(node):
             for _, sub in node_subgraphs(node):
                 yield from all_initializers(sub)
 
@@ -129,7 +129,7 @@ def all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     for sparse in graph.sparse_initializer:
         yield from (sparse.values, sparse.indices)
     for node in graph.node:
-        if node.op_type in GRAPH_OPS or node.domain not in ("", "ai.onnx") or node.op_type in VALUE_ATTRIBUTE_OPS:
+        if may_nest(node) or node.op_type in VALUE_ATTRIBUTE_OPS:
             for a in node.attribute:
                 if a.type == onnx.AttributeProto.GRAPH:
                     yield from all_tensors(a.g)

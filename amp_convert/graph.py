@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 
 from .errors import AmpError
+from .schema import is_default_domain
 
 UNTYPED = -2  # the element type given a name a graph's type table does not hold (see GraphContext.input_types)
 SUBGRAPH_ATTRIBUTE_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
@@ -367,6 +368,15 @@ def nested_graphs(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.GraphProto]:
         for _, graph in node_subgraphs(node):
             yield graph
             yield from nested_graphs(graph.node)
+
+
+def may_nest(node: onnx.NodeProto) -> bool:
+    """Whether another graph may be reached from ``node``: a subgraph it
+    holds (only GRAPH_OPS and custom-domain ops, such as BeamSearch, hold
+    any) or the body of a local function it calls (a call is of a custom
+    domain: onnx's checker and onnxruntime refuse one of the default
+    domain). Walks read no other node further."""
+    return node.op_type in GRAPH_OPS or not is_default_domain(node.domain)
 
 
 def build_context(

@@ -30,7 +30,7 @@ import onnx.shape_inference
 
 from .errors import AmpError
 from .external import all_tensors, attribute_tensors, element_count, external_info, inline_external
-from .graph import GRAPH_OPS, NodeLabels, node_subgraphs
+from .graph import NodeLabels, may_nest, node_subgraphs
 from .schema import model_opsets
 
 MIN_IR_VERSION = 3
@@ -549,11 +549,10 @@ def _checked_calls(
     where: Callable[[], str],
 ) -> Iterator[tuple[str, str, str]]:
     """The local functions that ``nodes`` (and their subgraphs) call, each
-    call's arity checked. Calls are in nodes of a custom domain (onnx's
-    checker refuses a call of a function of the default domain), subgraphs
-    there or in GRAPH_OPS: only those nodes are read further. ``where``
+    call's arity checked. Only the nodes that may hold a call or a subgraph
+    are read further (see :func:`amp_convert.graph.may_nest`). ``where``
     says where the nodes are, for a message (worked out only for one)."""
-    wanted = [i for i, node in enumerate(nodes) if node.domain not in ("", "ai.onnx") or node.op_type in GRAPH_OPS]
+    wanted = [i for i, node in enumerate(nodes) if may_nest(node)]
     for i in wanted:
         node = nodes[i]
         key = (node.domain, node.op_type, node.overload)
