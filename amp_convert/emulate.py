@@ -11,7 +11,7 @@ meet the twin's float32 values with its own fp16 (onnxruntime refuses the
 twin), and its low tensors would go unrounded. The inlined bodies' tensors
 are new names, which no other model has to be compared with. A model whose
 only low tensors are in such bodies is low precision too: the bodies it
-calls are searched for the low types they make (:class:`_CalledTypes`).
+calls are searched for the low types they make (:func:`_called_types`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, inliner, numpy_helper
 from .dtypes import LOW_DTYPES
 from .errors import AmpError
 from .external import read_array
-from .graph import GraphContext, NameGenerator, build_context, name_in_use, nested_graphs
+from .graph import GraphContext, NameGenerator, bind, build_context, called_bodies, local_functions, name_in_use, nested_graphs
 from .lists import CONTAINER_TYPE_ATTRIBUTE_OPS, DTYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
 from .schema import is_default_domain, model_opsets, signature
 from .typeinfo import declared_type, infer_types
@@ -48,81 +48,45 @@ def low_dtype_of(ctx: GraphContext, functions: Sequence[onnx.FunctionProto] = ()
     local functions, whose bodies count where its nodes call them)."""
     seen = {t for c in ctx.walk() for t in c.types.values()}
     if functions and TensorProto.BFLOAT16 not in seen:
-        seen |= _CalledTypes(functions).of(ctx)
+        seen.update(_called_types(ctx.graph, functions))
     for t in (TensorProto.BFLOAT16, TensorProto.FLOAT16):
         if t in seen:
             return t
     return None
 
 
-class _CalledTypes:
-    """The element types the bodies of the local functions a model calls
-    make themselves, as each call binds their attributes: what their source
-    ops (Cast, ...) and constants give, and what they and their subgraphs
-    declare. The model's types hold none of a body's tensors, and a body's
-    low tensor comes from one of these, or from an input the caller made
-    (and typed) low."""
-
-    def __init__(self, functions: Sequence[onnx.FunctionProto]) -> None:
-        self.functions = {(f.domain, f.name, f.overload): f for f in functions}
-        self.names = {(f.domain, f.name) for f in functions}
-        self.types: set[int | None] = set()
-        self.visited: set[tuple] = set()  # (function, the attributes bound): a body is read once per binding
-
-    def of(self, ctx: GraphContext) -> set[int | None]:
-        """The types of the bodies ``ctx``'s nodes (its subgraphs' too) call."""
-        for c in ctx.walk():
-            for i, key in enumerate(zip(c.domains, c.ops, strict=True)):
-                if key in self.names:
-                    self._call(c.nodes[i], list(c.nodes[i].attribute))
-        return self.types
-
-    def _call(self, node: onnx.NodeProto, attributes: list[onnx.AttributeProto]) -> None:
-        called = (node.domain, node.op_type, node.overload)
-        function = self.functions.get(called)
-        if function is None:
-            return
-        bound = {a.name: a for a in function.attribute_proto}  # (defaults)
-        bound.update((a.name, a) for a in attributes)
-        key = (*called, *sorted(a.SerializeToString(deterministic=True) for a in bound.values()))
-        if key in self.visited:
-            return
-        self.visited.add(key)
-        self.types.update(map(declared_type, function.value_info))
-        self._nodes(function.node, bound)
-
-    def _nodes(self, nodes: Iterable[onnx.NodeProto], bound: dict[str, onnx.AttributeProto]) -> None:
-        for node in nodes:
-            attributes = list(_bind(node.attribute, bound))
-            source = DTYPE_ATTRIBUTE_OPS.get(node.op_type) if is_default_domain(node.domain) else None
-            for a in attributes:
-                if a.name == source:
-                    self.types.add(a.i)
-                self.types.update(t.data_type for t in (a.t, *a.tensors))  # (0 where it holds none)
-                self.types.update(s.values.data_type for s in (a.sparse_tensor, *a.sparse_tensors))
-                for graph in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
-                    self._graph(graph, bound)
-            self._call(node, attributes)
-
-    def _graph(self, graph: onnx.GraphProto, bound: dict[str, onnx.AttributeProto]) -> None:
-        self.types.update(map(declared_type, (*graph.input, *graph.output, *graph.value_info)))
-        self.types.update(t.data_type for t in graph.initializer)
-        self.types.update(s.values.data_type for s in graph.sparse_initializer)
-        self._nodes(graph.node, bound)
+def _called_types(graph: onnx.GraphProto, functions: Sequence[onnx.FunctionProto]) -> Iterator[int | None]:
+    """The element types the bodies of the local functions a model (main
+    graph ``graph``) calls make themselves, as each call binds their
+    attributes: what their source ops (Cast, ...) and constants give, and
+    what they and their subgraphs declare. The model's types hold none of a
+    body's tensors, and a body's low tensor comes from one of these, or from
+    an input the caller made (and typed) low."""
+    for call in called_bodies(graph, local_functions(functions)):
+        yield from map(declared_type, call.function.value_info)
+        yield from _made_types(call.function.node, call.bound)
 
 
-def _bind(attributes: Iterable[onnx.AttributeProto], bound: dict[str, onnx.AttributeProto]) -> Iterator[onnx.AttributeProto]:
-    """A body node's attributes with those that refer to the function's
-    (``ref_attr_name``) given the value the call binds (left out where it
-    binds none)."""
-    for a in attributes:
-        if not a.ref_attr_name:
-            yield a
-        elif a.ref_attr_name in bound:
-            value = onnx.AttributeProto()
-            value.CopyFrom(bound[a.ref_attr_name])
-            value.name = a.name
-            yield value
+def _made_types(nodes: Iterable[onnx.NodeProto], bound: dict[str, onnx.AttributeProto]) -> Iterator[int | None]:
+    """The types a body's ``nodes`` name in their attributes (as the call
+    binds them), and their subgraphs' (see :func:`_called_types`)."""
+    for node in nodes:
+        source = DTYPE_ATTRIBUTE_OPS.get(node.op_type) if is_default_domain(node.domain) else None
+        for a in bind(node.attribute, bound):
+            if a.name == source:
+                yield a.i
+            yield from (t.data_type for t in (a.t, *a.tensors))  # (0 where it holds none)
+            yield from (s.values.data_type for s in (a.sparse_tensor, *a.sparse_tensors))
+            for graph in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+                yield from _graph_types(graph, bound)
+
+
+def _graph_types(graph: onnx.GraphProto, bound: dict[str, onnx.AttributeProto]) -> Iterator[int | None]:
+    """What a subgraph in a body declares and holds, and its nodes' types."""
+    yield from map(declared_type, (*graph.input, *graph.output, *graph.value_info))
+    yield from (t.data_type for t in graph.initializer)
+    yield from (s.values.data_type for s in graph.sparse_initializer)
+    yield from _made_types(graph.node, bound)
 
 
 def low_io(model: onnx.ModelProto) -> dict[str, int]:

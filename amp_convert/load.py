@@ -21,7 +21,6 @@ import struct
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 import onnx
@@ -30,7 +29,7 @@ import onnx.shape_inference
 
 from .errors import AmpError
 from .external import all_tensors, attribute_tensors, element_count, external_info, inline_external
-from .graph import NodeLabels, may_nest, node_subgraphs
+from .graph import Call, NodeLabels, Subgraph, local_functions, reached_calls
 from .schema import model_opsets
 
 MIN_IR_VERSION = 3
@@ -528,56 +527,28 @@ def check_calls(model: onnx.ModelProto, label: str) -> None:
     twin's) fails on it. Checked where onnxruntime checks: the calls of the
     main graph (its subgraphs' too), and of the bodies they call (a function
     nothing calls is not read: onnxruntime loads a model that holds one).
-    A model without local functions costs nothing here."""
+    A model without local functions costs nothing here; in one with, only
+    the nodes of a custom domain or with subgraphs are read further (see
+    :func:`amp_convert.graph.may_nest`)."""
     if not model.functions:
         return
-    functions = {(f.domain, f.name, f.overload): f for f in model.functions}
-    bodies: list[tuple[Sequence[onnx.NodeProto], Callable[[], str]]] = [(model.graph.node, str)]  # (str(): "")
-    reached = set()
-    while bodies:
-        nodes, where = bodies.pop()
-        for key in _checked_calls(nodes, functions, label, where):
-            if key not in reached:
-                reached.add(key)
-                bodies.append((functions[key].node, partial(_body_place, functions[key])))
+    for call in reached_calls(model.graph, local_functions(model.functions)):
+        node, function = call.node, call.function
+        for kind, given, declared in (("inputs", node.input, function.input), ("outputs", node.output, function.output)):
+            if len(given) > len(declared):
+                raise AmpError(
+                    f"{label}: node {_label(call.nodes, call.index)!r}{_place(call.within)} calls local function "
+                    f"{_function_name(function)} with {len(given)} {kind}, but it declares {len(declared)} (onnxruntime "
+                    f"refuses such a call; {_REEXPORT})"
+                )
 
 
-def _checked_calls(
-    nodes: Sequence[onnx.NodeProto],
-    functions: dict[tuple[str, str, str], onnx.FunctionProto],
-    label: str,
-    where: Callable[[], str],
-) -> Iterator[tuple[str, str, str]]:
-    """The local functions that ``nodes`` (and their subgraphs) call, each
-    call's arity checked. Only the nodes that may hold a call or a subgraph
-    are read further (see :func:`amp_convert.graph.may_nest`). ``where``
-    says where the nodes are, for a message (worked out only for one)."""
-    wanted = [i for i, node in enumerate(nodes) if may_nest(node)]
-    for i in wanted:
-        node = nodes[i]
-        key = (node.domain, node.op_type, node.overload)
-        function = functions.get(key)
-        if function is not None:
-            for kind, given, declared in (("inputs", node.input, function.input), ("outputs", node.output, function.output)):
-                if len(given) > len(declared):
-                    raise AmpError(
-                        f"{label}: node {_label(nodes, i)!r}{where()} calls local function {_function_name(function)} "
-                        f"with {len(given)} {kind}, but it declares {len(declared)} (onnxruntime refuses such a call; "
-                        f"{_REEXPORT})"
-                    )
-            yield key
-        for name, graph in node_subgraphs(node):
-            yield from _checked_calls(graph.node, functions, label, partial(_subgraph_place, name, nodes, i, where))
-
-
-def _subgraph_place(attribute: str, nodes: Sequence[onnx.NodeProto], index: int, outer: Callable[[], str]) -> str:
-    """Where a subgraph's nodes are: in its attribute of node ``index`` of ``nodes``, and where that is."""
-    return f" in {attribute} of node {_label(nodes, index)!r}{outer()}"
-
-
-def _body_place(function: onnx.FunctionProto) -> str:
-    """Where a function's body's nodes are."""
-    return f" in the body of {_function_name(function)}"
+def _place(within: Subgraph | Call | None) -> str:
+    """Where nodes ``within`` this are, for a message: in a subgraph (and
+    where that is), in the body of a function, or ("") in the main graph."""
+    if isinstance(within, Subgraph):
+        return f" in {within.attribute} of node {_label(within.nodes, within.index)!r}{_place(within.within)}"
+    return f" in the body of {_function_name(within.function)}" if within is not None else ""
 
 
 def _label(nodes: Sequence[onnx.NodeProto], index: int) -> str:
