@@ -30,7 +30,7 @@ from .external import read_array
 from .graph import GraphContext, NameGenerator, bind, build_context, called_bodies, local_functions, name_in_use, nested_graphs
 from .lists import CONTAINER_TYPE_ATTRIBUTE_OPS, DTYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
 from .schema import is_default_domain, model_opsets, signature
-from .typeinfo import declared_type, infer_types
+from .typeinfo import element_type, infer_types
 
 LOW_TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
 EMULATE_MODES = ("auto", "always", "never")
@@ -59,11 +59,12 @@ def _called_types(graph: onnx.GraphProto, functions: Sequence[onnx.FunctionProto
     """The element types the bodies of the local functions a model (main
     graph ``graph``) calls make themselves, as each call binds their
     attributes: what their source ops (Cast, ...) and constants give, and
-    what they and their subgraphs declare. The model's types hold none of a
-    body's tensors, and a body's low tensor comes from one of these, or from
-    an input the caller made (and typed) low."""
+    what they and their subgraphs declare (a sequence's or an optional's
+    elements too). The model's types hold none of a body's tensors, and a
+    body's low tensor comes from one of these, or from an input the caller
+    made (and typed) low."""
     for call in called_bodies(graph, local_functions(functions)):
-        yield from map(declared_type, call.function.value_info)
+        yield from map(element_type, call.function.value_info)
         yield from _made_types(call.function.node, call.bound)
 
 
@@ -83,7 +84,7 @@ def _made_types(nodes: Iterable[onnx.NodeProto], bound: dict[str, onnx.Attribute
 
 def _graph_types(graph: onnx.GraphProto, bound: dict[str, onnx.AttributeProto]) -> Iterator[int | None]:
     """What a subgraph in a body declares and holds, and its nodes' types."""
-    yield from map(declared_type, (*graph.input, *graph.output, *graph.value_info))
+    yield from map(element_type, (*graph.input, *graph.output, *graph.value_info))
     yield from (t.data_type for t in graph.initializer)
     yield from (s.values.data_type for s in graph.sparse_initializer)
     yield from _made_types(graph.node, bound)

@@ -41,6 +41,27 @@ def declared_type(value: onnx.ValueInfoProto) -> int | None:
     return NOT_A_TENSOR
 
 
+def element_type(value: onnx.ValueInfoProto) -> int | None:
+    """:func:`declared_type`, but of a sequence or an optional (at any
+    depth) of tensors, their element type: what a function body's
+    declarations are searched for low types by (a seq(tensor(float16))
+    holds fp16 tensors), not what a value converts as (a sequence never)."""
+    held = held_type(value.type)
+    if held.WhichOneof("value") == "tensor_type":
+        return held.tensor_type.elem_type or None
+    return declared_type(value)
+
+
+def held_type(type_proto: onnx.TypeProto) -> onnx.TypeProto:
+    """The type of what a value of this type holds past its sequences and
+    optionals, at any depth (the type itself where it is neither)."""
+    kind = type_proto.WhichOneof("value")
+    while kind in ("sequence_type", "optional_type"):
+        type_proto = getattr(type_proto, kind).elem_type
+        kind = type_proto.WhichOneof("value")
+    return type_proto
+
+
 def infer_types(
     ctx: GraphContext, opsets: dict[str, int], rules: dict | None = None, assume_float: frozenset[str] = frozenset()
 ) -> None:

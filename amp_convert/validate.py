@@ -40,7 +40,7 @@ from .plan import Plan
 from .runner import Runnable, choose_provider, runnable, value_bytes
 from .safety import unused_values
 from .schema import model_opsets
-from .typeinfo import infer_types
+from .typeinfo import held_type, infer_types
 
 # Exposing every tensor makes onnxruntime's session set-up grow faster than
 # the graph: above this many, the per-node diff is off unless asked for.
@@ -477,8 +477,7 @@ def _map_values(type_proto: onnx.TypeProto) -> np.dtype | None:
     """The declared type of the values of the maps a value of this type
     holds (a map, or a sequence or optional of them); None where it holds
     none or does not say."""
-    while type_proto.WhichOneof("value") in ("sequence_type", "optional_type"):
-        type_proto = getattr(type_proto, type_proto.WhichOneof("value")).elem_type
+    type_proto = held_type(type_proto)
     if type_proto.WhichOneof("value") != "map_type":
         return None
     elem = type_proto.map_type.value_type.tensor_type.elem_type

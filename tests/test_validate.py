@@ -792,6 +792,40 @@ def test_the_low_dtype_of_a_model_counts_the_bodies_of_the_local_functions_it_ca
     assert detect_low_dtype(calling(TensorProto.FLOAT, call=False)) is None
 
 
+@pytest.mark.parametrize("holder", ["sequence", "optional", "optional sequence"])
+def test_the_low_dtype_of_a_model_counts_the_elements_of_the_containers_a_called_body_declares(holder):
+    """A called body's only fp16 values may be sequences or optionals of
+    fp16 tensors (empty ones here, made by a SequenceEmpty or an Optional
+    of float16, whose attributes the search reads no type from): the
+    element type its value_info declares counts, at any depth. It was read
+    as no tensor's, and the model taken for fp32. (Each model passes onnx's
+    full check and runs.)"""
+    from onnx import TensorProto
+
+    from amp_convert.emulate import detect_low_dtype
+
+    def calling(elem: int) -> onnx.ModelProto:
+        held = helper.make_tensor_type_proto(elem, None)
+        if holder == "sequence":
+            made, asked = helper.make_node("SequenceEmpty", [], ["s"], dtype=elem), "SequenceLength"
+            held = helper.make_sequence_type_proto(held)
+        else:
+            held = helper.make_sequence_type_proto(held) if holder == "optional sequence" else held
+            made, asked = helper.make_node("Optional", [], ["s"], type=held), "OptionalHasElement"
+            held = helper.make_optional_type_proto(held)
+        body = [made, helper.make_node(asked, ["s"], ["o"])]
+        function = helper.make_function("local", "Held", [], ["o"], body, opset_imports=[helper.make_opsetid("", 18)])
+        function.value_info.append(helper.make_value_info("s", held))
+        nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Held", [], ["n"], domain="local")]
+        answer = TensorProto.INT64 if holder == "sequence" else TensorProto.BOOL
+        graph = helper.make_graph(nodes, "g", [value("x", shape=(4,))], [value("y", shape=(4,)), value("n", answer, ())])
+        opsets = [helper.make_opsetid("", 18), helper.make_opsetid("local", 1)]
+        return helper.make_model(graph, opset_imports=opsets, functions=[function], ir_version=8)
+
+    assert detect_low_dtype(calling(TensorProto.FLOAT16)) == TensorProto.FLOAT16
+    assert detect_low_dtype(calling(TensorProto.FLOAT)) is None
+
+
 def _relu(x: str = "x", elem: int = onnx.TensorProto.FLOAT, shape=("N", 4)) -> onnx.ModelProto:
     """x -> Cast(float) -> Relu -> y."""
     nodes = [helper.make_node("Cast", [x], ["f"], to=onnx.TensorProto.FLOAT), helper.make_node("Relu", ["f"], ["y"])]
