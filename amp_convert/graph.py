@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 
 from .errors import AmpError
-from .schema import is_default_domain
+from .schema import DEFAULT_DOMAINS, is_default_domain
 
 UNTYPED = -2  # the element type given a name a graph's type table does not hold (see GraphContext.input_types)
 SUBGRAPH_ATTRIBUTE_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
@@ -561,9 +561,9 @@ def build_context(
         [
             i
             for i, (op, domain) in enumerate(zip(ops, domains, strict=True))
-            if op in GRAPH_OPS or (domain not in ("", "ai.onnx") and len(nodes[i].attribute))
+            if op in GRAPH_OPS or (domain not in DEFAULT_DOMAINS and len(nodes[i].attribute))
         ]
-        if not (GRAPH_OPS.isdisjoint(ops) and set(domains) <= {"", "ai.onnx"})  # (most graphs: none, found in C)
+        if not (GRAPH_OPS.isdisjoint(ops) and set(domains).issubset(DEFAULT_DOMAINS))  # (most graphs: none, found in C)
         else []
     )
     producer.pop("", None)

@@ -53,7 +53,7 @@ from .lists import (
 )
 from .options import ConvertOptions
 from .safety import ConstantRanges, data_range_problem, held_constant
-from .schema import Signature, first_opset_admitting, is_default_domain, model_opsets, op_key, signature
+from .schema import DEFAULT_DOMAINS, Signature, first_opset_admitting, is_default_domain, model_opsets, op_key, signature
 from .typeinfo import NOT_A_TENSOR
 
 if TYPE_CHECKING:  # (calibration runs onnxruntime: its module is loaded where it is used)
@@ -559,7 +559,7 @@ class Planner:
 
     def _context_rule(self, ctx: GraphContext, i: int, node: onnx.NodeProto, op: str, domain: str) -> tuple | None:
         """Rules that look past the op type (its neighbours, its attributes)."""
-        if domain not in ("", "ai.onnx"):
+        if domain not in DEFAULT_DOMAINS:
             return None
         if self._has_qdq and self._float_slots[i][:2] != ((), ()):
             producer, ops = ctx.producer, ctx.ops
@@ -573,7 +573,7 @@ class Planner:
         return None
 
     def _apply_rules(self, ctx: GraphContext, i: int, node: onnx.NodeProto, op: str, domain: str, label: str) -> tuple:
-        default_domain = domain in ("", "ai.onnx")
+        default_domain = domain in DEFAULT_DOMAINS
         key = op if default_domain else op_key(op, domain)
         if default_domain and op in CONTROL_FLOW_OPS:
             return Precision.FP32, "control-flow", "keeps its interface types; its bodies are converted", _FIXED
