@@ -152,10 +152,9 @@ def _find_redundant(
     outputs = {v.name for v in graph.output}
     for node in graph.node:
         if node.op_type != "Cast" or not is_default_domain(node.domain):
-            if may_nest(node):
-                for _, sub in node_subgraphs(node):
-                    inner = ChainMap(scopes[id(sub)], types) if scopes is not None and id(sub) in scopes else types
-                    _find_redundant(sub, inner, casts, renames, candidates, scopes)
+            for sub in _bodies(node):
+                inner = ChainMap(scopes[id(sub)], types) if scopes is not None and id(sub) in scopes else types
+                _find_redundant(sub, inner, casts, renames, candidates, scopes)
             continue
         source, out, to = node.input[0], node.output[0], cast_to(node)
         casts[out] = node

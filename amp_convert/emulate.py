@@ -27,9 +27,19 @@ from onnx import TensorProto, helper, inliner, numpy_helper
 from .dtypes import LOW_DTYPES
 from .errors import AmpError
 from .external import read_array
-from .graph import GraphContext, NameGenerator, bind, build_context, called_bodies, local_functions, name_in_use, nested_graphs
+from .graph import (
+    GraphContext,
+    NameGenerator,
+    attribute_subgraphs,
+    bind,
+    build_context,
+    called_bodies,
+    local_functions,
+    name_in_use,
+    nested_graphs,
+)
 from .lists import CONTAINER_TYPE_ATTRIBUTE_OPS, DTYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
-from .schema import is_default_domain, model_opsets, signature
+from .schema import is_default_domain, model_opsets, opset_domain, signature
 from .typeinfo import element_type, infer_types
 
 LOW_TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
@@ -78,7 +88,7 @@ def _made_types(nodes: Iterable[onnx.NodeProto], bound: dict[str, onnx.Attribute
                 yield a.i
             yield from (t.data_type for t in (a.t, *a.tensors))  # (0 where it holds none)
             yield from (s.values.data_type for s in (a.sparse_tensor, *a.sparse_tensors))
-            for graph in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+            for _, graph in attribute_subgraphs((a,)):
                 yield from _graph_types(graph, bound)
 
 
@@ -178,13 +188,13 @@ def _inline_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     imported = set(model_opsets(model))
     for function in model.functions:
         for opset in function.opset_import:
-            domain = "" if is_default_domain(opset.domain) else opset.domain
+            domain = opset_domain(opset.domain)
             if domain not in imported:
                 model.opset_import.append(opset)
                 imported.add(domain)
-    declared = list(model.functions)
+    declared, opsets = list(model.functions), model_opsets(model)
     del model.functions[:]
-    model.functions.extend(_at_model_opsets(f, model_opsets(model)) for f in declared)
+    model.functions.extend(_at_model_opsets(f, opsets) for f in declared)
     inlined = inliner.inline_local_functions(model)
     del inlined.graph.initializer[:]
     inlined.graph.initializer.extend(tensors)
@@ -205,13 +215,13 @@ def _at_model_opsets(function: onnx.FunctionProto, opsets: dict[str, int]) -> on
     if not moved:
         return function
     for node in chain(function.node, *(graph.node for graph in nested_graphs(function.node))):
-        domain = "" if is_default_domain(node.domain) else node.domain
+        domain = opset_domain(node.domain)
         if domain in moved and _since(node.op_type, domain, moved[domain]) != _since(node.op_type, domain, opsets[domain]):
             return function
     matched = onnx.FunctionProto()
     matched.CopyFrom(function)
     for opset in matched.opset_import:
-        opset.version = opsets.get("" if is_default_domain(opset.domain) else opset.domain, opset.version)
+        opset.version = opsets.get(opset_domain(opset.domain), opset.version)
     return matched
 
 

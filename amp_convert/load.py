@@ -419,13 +419,13 @@ def read_model(
         _check_external_data(external, p)
     if in_functions:
         _check_external_data(in_functions, p)
-        _inline_external(in_functions, p)
+        _read_external(in_functions, p, name_tensor=True)
     if check is None and background and (lazy_external or not external):
         check = BackgroundCheck.start(source, p, ahead)
     if check is None:
         check_input_model(source, str(p))
         if external and not lazy_external:
-            _load_external_data(external, p)
+            _read_external(external, p)
     del data
     return LoadedModel(model, data_files, check)
 
@@ -726,25 +726,17 @@ def _function_external_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorPr
                         yield tensor
 
 
-def _inline_external(tensors: list[onnx.TensorProto], label: Path) -> None:
-    """Read these tensors' external data into them: the converter leaves local
-    functions as they are, and writes only the graphs' tensors to the
-    output's data file (the output must not point at the input's)."""
+def _read_external(tensors: list[onnx.TensorProto], label: Path, name_tensor: bool = False) -> None:
+    """Read these external tensors' data into them: the model's (loaded
+    whole), or its local functions' (the converter leaves those as they
+    are, and writes only the graphs' tensors to the output's data file: the
+    output must not point at the input's), whose failure names the tensor."""
     for tensor in tensors:
         try:
             inline_external(tensor, label.parent)
         except (OSError, ValueError, RuntimeError) as e:
-            raise AmpError(f"{label}: cannot read the external data of tensor {tensor.name!r} ({_detail(e)})") from None
-    _check_read_lengths(tensors, label)
-
-
-def _load_external_data(tensors: list[onnx.TensorProto], label: Path) -> None:
-    """Read the model's external tensors, ``tensors``, into it."""
-    try:
-        for tensor in tensors:
-            inline_external(tensor, label.parent)
-    except (OSError, ValueError, RuntimeError) as e:
-        raise AmpError(f"{label}: cannot read the external data ({_detail(e)})") from None
+            of = f" of tensor {tensor.name!r}" if name_tensor else ""
+            raise AmpError(f"{label}: cannot read the external data{of} ({_detail(e)})") from None
     _check_read_lengths(tensors, label)
 
 

@@ -341,7 +341,7 @@ class ErrorStats:
         else:
             every = {
                 "nonfinite": self.new_nonfinite == 0 and self.lost_nonfinite == 0,
-                "max_abs_err": self.max_abs_err <= tol.atol + tol.rtol * self.max_abs_ref,
+                "max_abs_err": self.max_abs_err <= self.limit_abs_err(tol),
                 # Cosine says nothing about outputs that lie within atol of zero...
                 "cosine": self.cosine >= tol.min_cosine or self.max_abs_ref <= tol.atol,
             }
@@ -363,6 +363,14 @@ class ErrorStats:
         mixed = self._mixed_scales(tol) if tol is not None else None
         return [OutputWarning("mixed_scales", mixed)] if mixed else []
 
+    def limit_abs_err(self, tol: Tolerance) -> float:
+        """The largest absolute error ``tol`` allows this output."""
+        return tol.atol + tol.rtol * self.max_abs_ref
+
+    def records(self, tol: Tolerance) -> list[ErrorStats]:
+        """The report's rows for this output: itself (see :meth:`SequenceStats.records`)."""
+        return [self]
+
     def verdict(self, tol: Tolerance, only: tuple[str, ...] | None = None) -> list[str]:
         """Reasons this output fails ``tol`` (empty: it passes); ``only``: judge just these checks."""
         checks = self.checks(tol, only)
@@ -378,7 +386,7 @@ class ErrorStats:
                 )
                 if count
             ),
-            "max_abs_err": f"max abs error {self.max_abs_err:.3g} > {tol.atol + tol.rtol * self.max_abs_ref:.3g}",
+            "max_abs_err": f"max abs error {self.max_abs_err:.3g} > {self.limit_abs_err(tol):.3g}",
             "cosine": f"cosine {self.cosine:.5f} < {tol.min_cosine}",
         }
         return [reasons[name] for name, ok in checks.items() if not ok]
@@ -417,7 +425,7 @@ class ErrorStats:
             d["passed"] = not failures
             d["failures"] = failures
             d["checks"] = self.checks(tol, only)
-            d["limit_abs_err"] = tol.atol + tol.rtol * self.max_abs_ref
+            d["limit_abs_err"] = self.limit_abs_err(tol)
         warnings = self.warnings(tol, only)
         d["warnings"] = [w.text for w in warnings]
         d["warning_kinds"] = [w.kind for w in warnings]  # (one per warning, in its order)
@@ -443,7 +451,7 @@ class SequenceStats:
     maps' values.
     """
 
-    kind = "sequence"
+    kind = dtype = "sequence"
 
     def __init__(self, name: str, taken: set[str] | None = None, map_values: np.dtype | None = None):
         self.name = name
@@ -509,7 +517,7 @@ class SequenceStats:
             found.append(summary)
             shown = summary.listed
         for element in shown:
-            found += element.records(tol) if isinstance(element, SequenceStats) else [element]
+            found += element.records(tol)
         return found
 
     @property
@@ -533,7 +541,7 @@ class SequenceStats:
     def as_dict(self, tol: Tolerance | None = None, only: tuple[str, ...] | None = None) -> dict:
         """kind "empty" (as an optional tensor's) where no sample held it in both models."""
         kind = "empty" if self.absent and self.lengths is None else self.kind
-        d: dict = {"name": self.name, "dtype": "sequence", "kind": kind, "samples": self.samples, **_element_fields(self)}
+        d: dict = {"name": self.name, "dtype": self.dtype, "kind": kind, "samples": self.samples, **_element_fields(self)}
         if self.structure.count:
             d["structure_mismatch"] = self.structure.count
         if self.empty:
@@ -576,7 +584,7 @@ class ElementSummary:
                 (heapq.heappush if len(failing) < ELEMENT_ROWS else heapq.heappushpop)(failing, key[1:])
         self.worst = sequence.elements[-worst[2]]
         self.listed = [sequence.elements[i] for i in sorted(-minus_index for _, minus_index in failing)]
-        self.dtypes = sorted({e.dtype if isinstance(e, ErrorStats) else "sequence" for e in sequence.elements.values()} - {""})
+        self.dtypes = sorted({e.dtype for e in sequence.elements.values()} - {""})
         self._worst_detail = _detail(self.worst, tol)
 
     def checks(self, tol: Tolerance, only: tuple[str, ...] | None = None) -> dict[str, bool]:
@@ -630,7 +638,7 @@ def _badness(stats: ErrorStats | SequenceStats, tol: Tolerance) -> float:
     if stats.kind == "exact":
         off, allowed = 1.0 - stats.equal_fraction, 1.0 - tol.min_equal
     elif stats.kind == "float":
-        off, allowed = stats.max_abs_err, tol.atol + tol.rtol * stats.max_abs_ref
+        off, allowed = stats.max_abs_err, stats.limit_abs_err(tol)
     else:
         return 0.0
     return off / allowed if allowed > 0 else (math.inf if off > 0 else 0.0)
@@ -638,13 +646,13 @@ def _badness(stats: ErrorStats | SequenceStats, tol: Tolerance) -> float:
 
 def _detail(stats: ErrorStats | SequenceStats, tol: Tolerance) -> str:
     """An element's worst, in a few words: its first failure, or how close it comes."""
-    rows = stats.records(tol) if isinstance(stats, SequenceStats) else [stats]
+    rows = stats.records(tol)
     for row in rows:
         failures = row.verdict(tol)
         if failures:
             return failures[0] if row is stats else f"{row.name}: {failures[0]}"
     if isinstance(stats, ErrorStats) and stats.kind == "float":
-        return f"max abs error {stats.max_abs_err:.3g} <= {tol.atol + tol.rtol * stats.max_abs_ref:.3g}"
+        return f"max abs error {stats.max_abs_err:.3g} <= {stats.limit_abs_err(tol):.3g}"
     if isinstance(stats, ErrorStats) and stats.kind == "exact":
         return f"{stats.equal_fraction:.4f} equal"
     return "as fp32's"

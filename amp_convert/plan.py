@@ -53,7 +53,16 @@ from .lists import (
 )
 from .options import ConvertOptions
 from .safety import ConstantRanges, data_range_problem, held_constant
-from .schema import DEFAULT_DOMAINS, Signature, first_opset_admitting, is_default_domain, model_opsets, op_key, signature
+from .schema import (
+    DEFAULT_DOMAINS,
+    Signature,
+    first_opset_admitting,
+    is_default_domain,
+    model_opsets,
+    op_key,
+    opset_domain,
+    signature,
+)
 from .typeinfo import NOT_A_TENSOR
 
 if TYPE_CHECKING:  # (calibration runs onnxruntime: its module is loaded where it is used)
@@ -624,7 +633,7 @@ class Planner:
         slots = self._slot_cache.get(key)
         if slots is None:
             node = ctx.nodes[i]
-            opset = self.opsets.get("" if is_default_domain(node.domain) else node.domain, 0)
+            opset = self.opsets.get(opset_domain(node.domain), 0)
             slots = self._slot_cache[key] = lowered_slots(node.op_type, node.domain, float_ins, float_outs, sig, self.low, opset)
             if isinstance(slots, str):
                 self._remember_admitting(node.op_type, node.domain, opset)
@@ -791,7 +800,7 @@ class Planner:
         key = (ctx.ops[i], ctx.domains[i])
         if key not in self._sigs:
             op, domain = key
-            self._sigs[key] = signature(op, domain, self.opsets.get("" if is_default_domain(domain) else domain, 0))
+            self._sigs[key] = signature(op, domain, self.opsets.get(opset_domain(domain), 0))
         return self._sigs[key]
 
     def _is_float_data(self, t: int) -> bool:

@@ -848,13 +848,13 @@ class Rewriter:
         taken in that order, as :meth:`_version` names one: checked against
         the model's in one set operation, one at a time where one is taken."""
         shorts = {need: _short(need) for need in {need for _, need in keys}}
-        targets = [f"{name}_{shorts[need]}" for name, need in keys]
-        cast_names = [f"{target}_cast" for target in targets]
-        if self.names.take_all(targets + cast_names):
-            return targets, cast_names
+        bases = [f"{name}_{shorts[need]}" for name, need in keys]
+        cast_names = [f"{base}_cast" for base in bases]
+        if self.names.take_all(bases + cast_names):
+            return bases, cast_names
         targets, cast_names = [], []
-        for name, need in keys:
-            targets.append(self.names(f"{name}_{shorts[need]}"))
+        for base in bases:  # (each, then its Cast's name: the order one at a time takes them)
+            targets.append(self.names(base))
             cast_names.append(self.names(f"{targets[-1]}_cast"))
         return targets, cast_names
 

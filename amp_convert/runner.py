@@ -363,7 +363,7 @@ def runnable(
     tensors = list(tensors)
     emulated, note = decide_emulation(mode, provider, low_elem, low_io(model), role)
 
-    def start(emulate: bool, disabled: Sequence[str] = ()) -> Runnable:
+    def start(emulate: bool, bare: bool = False) -> Runnable:
         nonlocal twin
         if emulate and twin is None:
             twin = emulation_twin(model, base_dir)
@@ -383,7 +383,7 @@ def runnable(
                 provider,
                 base_dir,
                 plan_reuse=not (emulate and not tensors),
-                disabled_optimizers=TWIN_DISABLED_OPTIMIZERS if emulate else disabled,
+                disabled_optimizers=TWIN_DISABLED_OPTIMIZERS if emulate or bare else (),
             )
         except LoadFailure as e:
             raise LoadFailure(e.detail, role) from None
@@ -401,7 +401,7 @@ def runnable(
             skipped = ", ".join(TWIN_DISABLED_OPTIMIZERS)
             note = f"{note}; onnxruntime refused it as written ({str(e)[:160]}): run without {skipped}"
             try:
-                return start(False, TWIN_DISABLED_OPTIMIZERS)
+                return start(False, bare=True)
             except AmpError:
                 raise e from None
         dtype = "bf16" if low_elem == TensorProto.BFLOAT16 else "fp16"

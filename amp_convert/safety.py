@@ -373,7 +373,7 @@ class ConstantRanges:
                 held = _held(ctx, producer)
                 if held is not None:
                     found.append(held)
-                passed_on = _passed_on(op, ctx.ins[producer], ctx.nodes[producer])
+                passed_on = _passed_on(ctx, producer)
                 todo.extend((ctx, passed, depth + 1) for passed in reversed(passed_on) if passed)
         return found
 
@@ -441,15 +441,11 @@ class ConstantRanges:
                     if held is not None and not _unremarkable(self.stats(*held[:3]), low):
                         names.update(outs)
             if names:  # (what the ops passing a constant on make of these, in graph order: chains pass on)
-                nodes = ctx.nodes
                 for i in carriers:
                     op, node_ins = ops[i], all_ins[i]
                     if op not in PASS_THROUGH_OPS or not node_ins:
                         continue
-                    if op in _MORE_INPUTS:
-                        reached = not names.isdisjoint(_passed_on(op, node_ins, nodes[i]))
-                    else:
-                        reached = node_ins[0] in names
+                    reached = not names.isdisjoint(_passed_on(ctx, i)) if op in _MORE_INPUTS else node_ins[0] in names
                     if reached:
                         names.update(all_outs[i])
             types = ctx.types
@@ -473,9 +469,10 @@ class ConstantRanges:
         return None
 
 
-def _passed_on(op: str, inputs: list[str], node: onnx.NodeProto) -> list[str]:
-    """The inputs (``inputs``: their names) of ``node``, of pass-through
-    ``op``, whose values it passes on in its mode."""
+def _passed_on(ctx: GraphContext, i: int) -> list[str]:
+    """The inputs of node ``i`` of ``ctx``, a pass-through op, whose values it
+    passes on in its mode."""
+    op, inputs, node = ctx.ops[i], ctx.ins[i], ctx.nodes[i]
     slots = PASS_THROUGH_OPS[op]
     if slots is None:
         return inputs
@@ -536,7 +533,7 @@ def _passed_to(ctx: GraphContext, names: list[str]) -> list[str]:
     while todo:
         i = ctx.producer.get(todo.pop())
         if i is not None and ctx.ops[i] in PASS_THROUGH_OPS:
-            for name in _passed_on(ctx.ops[i], ctx.ins[i], ctx.nodes[i]):
+            for name in _passed_on(ctx, i):
                 if name and name not in found:
                     found[name] = None
                     todo.append(name)

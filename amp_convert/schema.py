@@ -25,6 +25,11 @@ def is_default_domain(domain: str) -> bool:
     return domain in DEFAULT_DOMAINS
 
 
+def opset_domain(domain: str) -> str:
+    """The key of ``domain`` among a model's opsets: the default domain is ''."""
+    return "" if is_default_domain(domain) else domain
+
+
 def op_key(op_type: str, domain: str) -> str:
     """The name lists use: ``Conv`` or ``com.microsoft::FusedConv``."""
     return op_type if is_default_domain(domain) else f"{domain}::{op_type}"
@@ -67,7 +72,7 @@ def signature(op_type: str, domain: str, opset: int) -> Signature | None:
     """The op's signature at ``opset``, or None when onnx.defs has no schema
     for it (custom domains, local functions)."""
     try:
-        schema = onnx.defs.get_schema(op_type, opset, "" if is_default_domain(domain) else domain)
+        schema = onnx.defs.get_schema(op_type, opset, opset_domain(domain))
     except onnx.defs.SchemaError:
         return None
     allowed = {
@@ -120,7 +125,7 @@ def _close_match(name: str) -> str | None:
 
 def model_opsets(model: onnx.ModelProto | onnx.FunctionProto) -> dict[str, int]:
     """Opset per domain, with the default domain under '' (a model's, or a local function's)."""
-    return {("" if is_default_domain(o.domain) else o.domain): o.version for o in model.opset_import}
+    return {opset_domain(o.domain): o.version for o in model.opset_import}
 
 
 @lru_cache(maxsize=1024)

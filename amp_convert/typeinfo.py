@@ -18,7 +18,7 @@ from onnx import TensorProto
 from .dtypes import TYPE_STR_TO_ELEM
 from .graph import UNTYPED, GraphContext, distinct_rows
 from .lists import DTYPE_ATTRIBUTE_OPS
-from .schema import Signature, is_default_domain, signature
+from .schema import Signature, is_default_domain, opset_domain, signature
 
 NOT_A_TENSOR = -1  # sequences, optionals, maps: never converted
 
@@ -287,7 +287,7 @@ def _rule(rules: dict, opsets: dict[str, int], op: str, domain: str, k: int, n_i
 
 
 def _signature(op: str, domain: str, opsets: dict[str, int]) -> Signature | None:
-    opset = opsets.get("" if is_default_domain(domain) else domain)
+    opset = opsets.get(opset_domain(domain))
     return signature(op, domain, opset) if opset is not None else None
 
 

@@ -354,7 +354,7 @@ class Validator:
             dtype,
             tolerance,
             samples,
-            [r for s in out_stats.values() for r in (s.records(tolerance) if isinstance(s, SequenceStats) else [s])],
+            [r for s in out_stats.values() for r in s.records(tolerance)],
             top=config.top,
             per_node_note=per_node_note,
             reference_emulated=self.reference_emulated,
