@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import onnx
 
-from .lists import DEFAULT_BLACK, DEFAULT_WHITE, builtin_lists
+from .lists import builtin_lists
 from .options import ConvertOptions
 from .pipeline import convert
 
@@ -62,14 +62,12 @@ def custom_mixed_precision(
 
 
 def get_white_list(profile: str = "default") -> list[str]:
-    """A copy of the built-in white list (ONNX op types)."""
-    if profile == "default":
-        return sorted(DEFAULT_WHITE)
+    """A copy of the built-in white list (ONNX op types, and onnxruntime's
+    fused ops as ``com.microsoft::Attention``)."""
     return sorted(builtin_lists(profile, "O1", "fp16")[0])
 
 
 def get_black_list(profile: str = "default") -> list[str]:
-    """A copy of the built-in black list (ONNX op types)."""
-    if profile == "default":
-        return sorted(DEFAULT_BLACK)
+    """A copy of the built-in black list (ONNX op types, and onnxruntime's
+    fused ops as ``com.microsoft::BiasSoftmax``)."""
     return sorted(builtin_lists(profile, "O1", "fp16")[1])

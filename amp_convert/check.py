@@ -1,5 +1,7 @@
 """Checking: the converted model must pass the full ONNX checker (strict
-shape and type inference), or the tool says exactly why not."""
+shape and type inference), or the tool says exactly why not. onnxruntime's
+own ops are checked against onnxruntime's schemas (see
+:func:`amp_convert.ortschema.register_with_onnx`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import onnx
 
 from .errors import ConversionError
 from .external import PROTOBUF_LIMIT, payload_bytes
+from .ortschema import register_with_onnx
 
 CHECK_MODES = ("full", "basic", "none")
 
@@ -34,6 +37,7 @@ def check_file(path: str | os.PathLike, mode: str = "full") -> None:
     its schema allows), which would read all the external data into memory."""
     if mode == "none":
         return
+    register_with_onnx()
     _run_checker(checkable(os.fspath(path)), "basic")
     if mode == "full":
         try:
@@ -57,6 +61,7 @@ def checkable(path: str) -> str | onnx.ModelProto:
 
 
 def _run_checker(model: onnx.ModelProto | str, mode: str) -> None:
+    register_with_onnx()
     try:
         onnx.checker.check_model(model, full_check=mode == "full")
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError) as e:

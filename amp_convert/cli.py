@@ -26,7 +26,7 @@ from . import __version__
 from .emulate import EMULATE_MODES
 from .errors import AmpError, ConversionError, LoadFailure, ModelFailure, NeitherLoads, TwinFailure
 from .external import PROTOBUF_LIMIT
-from .lists import LEVELS, PROFILES
+from .lists import LEVELS, ORT_QUANTIZED_OPS, PROFILES
 from .load import remember_inputs
 from .options import IO_TYPES, PROVIDERS, ConvertOptions
 
@@ -1045,10 +1045,13 @@ def lists_command(profile: str, level: str, dtype: str) -> None:
             "ops fp32, and an op's schema may)"
         )
         return
-    for title, table in (("white", lists.white), ("black", lists.black), ("follow", lists.follow)):
+    quantized = dict.fromkeys(sorted(ORT_QUANTIZED_OPS), "onnxruntime's quantized op: never touched")
+    tables = (("white", lists.white), ("black", lists.black), ("follow", lists.follow), ("quantized", quantized))
+    width = max(len(op) for _, table in tables for op in table)
+    for title, table in tables:
         click.echo(f"\n{title} ({len(table)}):")
         for op in sorted(table):
-            click.echo(f"  {op:28s} {table[op]}")
+            click.echo(f"  {op:{width}s} {table[op]}")
     unlisted = "follow their inputs" if lists.unlisted_follow else ("fp32" if level == "O1" else "low")
     click.echo(f"\nunlisted ops: {unlisted} at {level}")
 

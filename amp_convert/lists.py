@@ -199,6 +199,91 @@ PADDLE_EXTRA_BLACK: dict[str, str] = {
 BATCHNORM = "BatchNormalization"
 
 # --------------------------------------------------------------------------
+# onnxruntime's fused ops (com.microsoft, and SimplifiedLayerNormalization)
+# --------------------------------------------------------------------------
+# What onnxruntime's transformer optimizer fuses a graph into. Their input
+# slots that must stay float32 or integer come from onnxruntime's schemas
+# (amp_convert.ortschema), not from here. Each op also names the standard op
+# it stands for: the mindspore and paddle profiles give it that op's kind.
+
+MS = "com.microsoft::"
+
+
+def _ms(names: str) -> list[str]:
+    """com.microsoft keys of space-separated op types."""
+    return [MS + op for op in names.split()]
+
+
+ORT_FUSED: dict[str, tuple[str, str, str]] = {
+    # key: (kind in the default profile, the standard op it fuses, why)
+    **{
+        key: ("white", "MatMul", "fused attention: GEMM-bound; onnxruntime's kernels keep the softmax in fp32")
+        for key in _ms(
+            "Attention MultiHeadAttention GroupQueryAttention PackedAttention PackedMultiHeadAttention "
+            "DecoderMaskedMultiHeadAttention DecoderMaskedSelfAttention DecoderAttention LongformerAttention "
+            "SparseAttention PagedAttention"
+        )
+    },
+    MS + "FusedMatMul": ("white", "MatMul", "MatMul with transposes and a scale folded in: GEMM-bound"),
+    MS + "TransposeMatMul": ("white", "MatMul", "MatMul with transposes folded in: GEMM-bound"),
+    MS + "FusedGemm": ("white", "Gemm", "Gemm with its activation: GEMM-bound"),
+    MS + "GemmFastGelu": ("white", "Gemm", "Gemm with a tanh-approximated Gelu: GEMM-bound, bounded activation"),
+    MS + "FusedConv": ("white", "Conv", "Conv with its activation: GEMM-bound"),
+    **{
+        key: (
+            "follow",
+            "LayerNormalization",
+            "onnxruntime's kernel keeps its mean and variance in fp32 (type U), whatever the data's type",
+        )
+        for key in (
+            MS + "SkipLayerNormalization",
+            MS + "SkipSimplifiedLayerNormalization",
+            "SimplifiedLayerNormalization",
+            MS + "EmbedLayerNormalization",
+        )
+    },
+    MS + "SkipGroupNorm": ("follow", "GroupNormalization", "onnxruntime's kernel keeps its statistics in fp32"),
+    MS + "GroupNorm": ("follow", "GroupNormalization", "onnxruntime's kernel keeps its statistics in fp32"),
+    **{
+        key: ("follow", "Gelu", "bounded activation (with its bias add fused in)")
+        for key in _ms("FastGelu BiasGelu Gelu QuickGelu BiasSplitGelu")
+    },
+    MS + "BiasAdd": ("follow", "Add", "cheap element-wise arithmetic"),
+    MS + "RotaryEmbedding": ("follow", "RotaryEmbedding", "rotates pairs of values by cos/sin tables: no range growth"),
+    MS + "GemmaRotaryEmbedding": ("follow", "RotaryEmbedding", "rotates pairs of values by cos/sin tables: no range growth"),
+    MS + "BiasSoftmax": ("black", "Softmax", "softmax with its bias add: exp of large logits overflows"),
+}
+
+# onnxruntime's quantized ops: integer or block-quantized weights, never touched.
+ORT_QUANTIZED_OPS = frozenset(
+    _ms(
+        "MatMulNBits MatMulNBitsMlp MatMulNBitsQkv MatMulBnb4 MatMulFpQ4 MatMulBlockQuantizedFp4Weight "
+        "MatMulBlockQuantizedFp8Weight GemmFloat8 DynamicQuantizeMatMul DynamicQuantizeLSTM MatMulIntegerToFloat "
+        "MatMulInteger16 MulInteger ReduceSumInteger QAttention QEmbedLayerNormalization QGemm QMoE QLinearAdd "
+        "QLinearAveragePool QLinearConcat QLinearConv QLinearGlobalAveragePool QLinearLeakyRelu QLinearMul "
+        "QLinearReduceMean QLinearSigmoid QLinearSoftmax QLinearWhere QOrderedAttention QOrderedGelu "
+        "QOrderedLayerNormalization QOrderedLongformerAttention QOrderedMatMul QuantizeLinear DequantizeLinear "
+        "QuantizeWithOrder DequantizeWithOrder QuantizeBFP DequantizeBFP GatherBlockQuantized"
+    )
+)
+
+
+def _with_fused_ops(profile: str, white: dict[str, str], black: dict[str, str], follow: dict[str, str]) -> None:
+    """Add onnxruntime's fused ops to a built-in profile's lists: the default
+    profile's own kinds; the seeds' profiles give each the kind they give
+    the standard op it fuses (unlisted where they list that op nowhere)."""
+    tables = {"white": white, "black": black, "follow": follow}
+    for key, (kind, standard, why) in ORT_FUSED.items():
+        if profile == "default":
+            tables[kind][key] = why
+            continue
+        for table in (black, white, follow):
+            if standard in table:
+                table[key] = f"as {standard}: {why}"
+                break
+
+
+# --------------------------------------------------------------------------
 # ops the lists do not govern
 # --------------------------------------------------------------------------
 
@@ -345,18 +430,21 @@ class OpLists:
 def builtin_lists(profile: str, level: str, dtype: str) -> tuple[dict[str, str], dict[str, str], dict[str, str], bool]:
     """(white, black, follow, unlisted_follow) of a built-in profile."""
     if profile == "default":
-        return dict(DEFAULT_WHITE), dict(DEFAULT_BLACK), dict(DEFAULT_FOLLOW), False
-    if profile == "mindspore":
-        return dict(MINDSPORE_WHITE), dict(MINDSPORE_BLACK), dict(DEFAULT_FOLLOW), False
-    if profile == "paddle":
-        white = PADDLE_BF16_WHITE if dtype == "bf16" else PADDLE_FP16_WHITE
+        white, black, follow, unlisted_follow = dict(DEFAULT_WHITE), dict(DEFAULT_BLACK), dict(DEFAULT_FOLLOW), False
+    elif profile == "mindspore":
+        white, black, follow, unlisted_follow = dict(MINDSPORE_WHITE), dict(MINDSPORE_BLACK), dict(DEFAULT_FOLLOW), False
+    elif profile == "paddle":
+        white = dict(PADDLE_BF16_WHITE if dtype == "bf16" else PADDLE_FP16_WHITE)
         # Paddle: O1 black = FP16_BLACK_LIST | EXTRA_BLACK_LIST; O2 black = EXTRA_BLACK_LIST;
         # its bf16 black list is empty apart from the extras.
         black = dict(PADDLE_EXTRA_BLACK)
         if level == "O1" and dtype == "fp16":
             black.update(PADDLE_FP16_BLACK)
-        return dict(white), black, {}, True
-    raise ValueError(f"unknown list profile {profile!r}: use one of {', '.join(PROFILES)}")
+        follow, unlisted_follow = {}, True
+    else:
+        raise ValueError(f"unknown list profile {profile!r}: use one of {', '.join(PROFILES)}")
+    _with_fused_ops(profile, white, black, follow)
+    return white, black, follow, unlisted_follow
 
 
 def resolve_lists(

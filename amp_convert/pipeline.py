@@ -30,6 +30,7 @@ from .graph import GraphContext, NameGenerator, build_context, name_in_use, name
 from .load import check_calls, check_input_model, check_versions, load_model
 from .opset import check_target_opset, upgrade_opset
 from .options import ConvertOptions
+from .ortschema import is_extra
 from .plan import Plan, make_plan
 from .rewrite import Rewriter, RewriteStats, declare_initializers
 from .safety import ConstantRanges
@@ -237,8 +238,9 @@ def _convert(
 
 
 def _assumed_float(options: ConvertOptions) -> frozenset[str]:
-    """The custom-domain ops on the white list: listed, they compute in float (see :func:`infer_types`)."""
-    return frozenset(k for k in options.op_lists().white if "::" in k)
+    """The custom-domain ops on the white list that no schema types: listed,
+    they compute in float (see :func:`infer_types`)."""
+    return frozenset(k for k in options.op_lists().white if "::" in k and not is_extra(*reversed(k.split("::", 1))))
 
 
 def _cast_opset(model: onnx.ModelProto, options: ConvertOptions) -> int:

@@ -46,6 +46,7 @@ from .lists import (
     CONVERTED_INPUTS,
     DTYPE_AGNOSTIC_INPUTS,
     NO_LOW_KERNEL_OPS,
+    ORT_QUANTIZED_OPS,
     PASS_THROUGH_ATTRIBUTES,
     QUANTIZED_OPS,
     SOURCE_OPS,
@@ -593,6 +594,8 @@ class Planner:
             return Precision.FP32, "level", "O0 changes nothing", _FIXED
         if default_domain and op in QUANTIZED_OPS:
             return Precision.FP32, "quantized", "quantized computation is never touched", _FIXED
+        if key in ORT_QUANTIZED_OPS:
+            return Precision.FP32, "quantized", f"{key} is onnxruntime's quantized op: never touched", _FIXED
         if default_domain and op == "Cast" and cast_to(node) != FLOAT:
             return Precision.UNCHANGED, "cast", "Cast to a non-float32 type reads any float version", _FIXED
         if default_domain and op in _SHAPE_READERS and not float_outs and _SHAPE_READERS[op].issuperset(float_ins):
@@ -605,7 +608,7 @@ class Planner:
         if (domain, op) in self.local_functions:  # (whatever the lists say: low inputs would not fit its fp32 body)
             why = f"calls the model's local function {key}, whose body is left as it is: it reads and writes fp32"
             return Precision.FP32, "local-function", why, _FIXED
-        if not default_domain and key not in self.lists.white and not self._forced(label):
+        if not default_domain and not self._listed(key) and not self._forced(label):
             return Precision.FP32, "custom-domain", f"custom-domain op {key}: fp32 unless on the white list", _FIXED
         for pattern in self.keep_patterns:
             if pattern.search(label):
@@ -620,6 +623,10 @@ class Planner:
         if default_domain and op in SOURCE_OPS:
             return Precision.FP32, "source", "creates float data: takes the precision its consumers need", _SOURCE
         return list_rule(self.lists, self.level, key)
+
+    def _listed(self, key: str) -> bool:
+        lists = self.lists
+        return key in lists.white or key in lists.black or key in lists.follow
 
     def _forced(self, label: str) -> bool:
         return any(p.search(label) for p in self.force_patterns)

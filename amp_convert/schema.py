@@ -1,4 +1,6 @@
-"""What the ONNX schemas say about types, derived from ``onnx.defs``.
+"""What the schemas say about types, derived from ``onnx.defs`` and, for
+the ops onnxruntime adds to ONNX, from onnxruntime's own schemas
+(:mod:`amp_convert.ortschema`).
 
 The classifier asks two questions of a node at the model's opset: which
 inputs and outputs share a type variable (so they must change dtype
@@ -15,6 +17,7 @@ from functools import lru_cache
 import onnx
 import onnx.defs
 
+from . import ortschema
 from .dtypes import TYPE_STR_TO_ELEM
 from .errors import AmpError
 
@@ -45,6 +48,7 @@ class Signature:
     variadic_output: bool
     allowed: dict[str, frozenset[int]]  # type variable -> admitted tensor element types
     since_version: int
+    source: str = "onnx"  # whose schema: 'onnx' or 'onnxruntime'
 
     def input_type(self, slot: int) -> str | None:
         return _slot(self.inputs, self.variadic_input, slot)
@@ -69,30 +73,50 @@ def _slot(params: tuple[str, ...], variadic: bool, slot: int) -> str | None:
 
 @lru_cache(maxsize=4096)
 def signature(op_type: str, domain: str, opset: int) -> Signature | None:
-    """The op's signature at ``opset``, or None when onnx.defs has no schema
-    for it (custom domains, local functions)."""
+    """The op's signature at ``opset``: onnx's schema, or onnxruntime's for
+    an op onnx lacks (its ``source`` says which); None when neither has one
+    (custom domains, local functions)."""
+    if ortschema.is_extra(op_type, domain):
+        return _ort_signature(op_type, domain, opset)
     try:
         schema = onnx.defs.get_schema(op_type, opset, opset_domain(domain))
     except onnx.defs.SchemaError:
         return None
-    allowed = {
-        c.type_param_str: frozenset(TYPE_STR_TO_ELEM[t] for t in c.allowed_type_strs if t in TYPE_STR_TO_ELEM)
-        for c in schema.type_constraints
-    }
     variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
     return Signature(
         inputs=tuple(p.type_str for p in schema.inputs),
         outputs=tuple(p.type_str for p in schema.outputs),
         variadic_input=bool(schema.inputs) and schema.inputs[-1].option == variadic,
         variadic_output=bool(schema.outputs) and schema.outputs[-1].option == variadic,
-        allowed=allowed,
+        allowed=_allowed((c.type_param_str, c.allowed_type_strs) for c in schema.type_constraints),
         since_version=schema.since_version,
     )
 
 
+def _ort_signature(op_type: str, domain: str, opset: int) -> Signature | None:
+    schema = ortschema.extra_schema(op_type, domain, opset)
+    if schema is None:
+        return None
+    return Signature(
+        inputs=tuple(p.type_str for p in schema.inputs),
+        outputs=tuple(p.type_str for p in schema.outputs),
+        variadic_input=bool(schema.inputs) and schema.inputs[-1].option == "variadic",
+        variadic_output=bool(schema.outputs) and schema.outputs[-1].option == "variadic",
+        allowed=_allowed(schema.constraints),
+        since_version=schema.since_version,
+        source="onnxruntime",
+    )
+
+
+def _allowed(constraints: Iterable[tuple[str, Iterable[str]]]) -> dict[str, frozenset[int]]:
+    return {name: frozenset(TYPE_STR_TO_ELEM[t] for t in allowed if t in TYPE_STR_TO_ELEM) for name, allowed in constraints}
+
+
 @lru_cache(maxsize=1)
 def known_default_ops() -> frozenset[str]:
-    return frozenset(s.name for s in onnx.defs.get_all_schemas_with_history() if is_default_domain(s.domain))
+    """The default-domain op types onnx or onnxruntime defines."""
+    standard = {s.name for s in onnx.defs.get_all_schemas_with_history() if is_default_domain(s.domain)}
+    return frozenset(standard) | ortschema.extra_default_ops()
 
 
 def validate_op_names(names: Iterable[str], what: str) -> list[str]:
