@@ -11,7 +11,7 @@ import onnx
 
 from .errors import ConversionError
 from .external import PROTOBUF_LIMIT, payload_bytes
-from .ortschema import register_with_onnx
+from .ortschema import check_with_extras
 
 CHECK_MODES = ("full", "basic", "none")
 
@@ -37,12 +37,12 @@ def check_file(path: str | os.PathLike, mode: str = "full") -> None:
     its schema allows), which would read all the external data into memory."""
     if mode == "none":
         return
-    register_with_onnx()
     _run_checker(checkable(os.fspath(path)), "basic")
     if mode == "full":
         try:
             graph_only = onnx.load(os.fspath(path), load_external_data=False)
-            onnx.shape_inference.infer_shapes(graph_only, check_type=True, strict_mode=True)
+            infer = onnx.shape_inference.infer_shapes
+            check_with_extras(lambda: infer(graph_only, check_type=True, strict_mode=True), graph_only)
         except (onnx.shape_inference.InferenceError, ValueError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ConversionError(f"the converted model fails the ONNX checker: {first}") from e
@@ -61,9 +61,11 @@ def checkable(path: str) -> str | onnx.ModelProto:
 
 
 def _run_checker(model: onnx.ModelProto | str, mode: str) -> None:
-    register_with_onnx()
     try:
-        onnx.checker.check_model(model, full_check=mode == "full")
+        check_with_extras(
+            lambda: onnx.checker.check_model(model, full_check=mode == "full"),
+            model if isinstance(model, onnx.ModelProto) else None,
+        )
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConversionError(f"the converted model fails the ONNX checker: {first}") from e

@@ -30,7 +30,7 @@ import onnx.shape_inference
 from .errors import AmpError
 from .external import all_tensors, attribute_tensors, element_count, external_info, inline_external
 from .graph import Call, NodeLabels, Subgraph, local_functions, reached_calls
-from .ortschema import register_with_onnx
+from .ortschema import check_with_extras
 from .schema import model_opsets
 
 MIN_IR_VERSION = 3
@@ -571,9 +571,10 @@ def check_input_model(model: onnx.ModelProto | bytes | str, label: str, *, full_
         from .check import checkable
 
         model = checkable(model)
-    register_with_onnx()  # (onnxruntime's own ops are checked against its schemas, not refused)
-    try:
-        onnx.checker.check_model(model, full_check=full_check)
+    try:  # (onnxruntime's own ops are checked against its schemas, not refused)
+        check_with_extras(
+            lambda: onnx.checker.check_model(model, full_check=full_check), model if isinstance(model, onnx.ModelProto) else None
+        )
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError, RuntimeError) as e:
         what = "fails ONNX shape inference" if isinstance(e, onnx.shape_inference.InferenceError) else "fails the ONNX checker"
         if isinstance(e, UnicodeDecodeError):  # the checker's message quotes a name that is not UTF-8

@@ -15,7 +15,7 @@ from onnx import helper, numpy_helper
 
 from .errors import AmpError
 from .graph import NameGenerator, NodeLabels, nested_graphs, node_subgraphs
-from .ortschema import register_with_onnx
+from .ortschema import check_with_extras
 from .safety import attribute_constant
 from .schema import is_default_domain, model_opsets
 
@@ -62,9 +62,8 @@ def upgrade_opset(model: onnx.ModelProto, target: int, strict: bool = False) -> 
 def _check_inference(upgraded: onnx.ModelProto, current: int, target: int) -> None:
     """Strict shape and type inference on the upgraded graph (its tensors'
     data is not read: it may be external and not loaded)."""
-    register_with_onnx()
     try:
-        onnx.shape_inference.infer_shapes(upgraded, check_type=True, strict_mode=True)
+        check_with_extras(lambda: onnx.shape_inference.infer_shapes(upgraded, check_type=True, strict_mode=True), upgraded)
     except (onnx.shape_inference.InferenceError, ValueError, RuntimeError) as e:
         detail = " ".join(str(e).split())[:400]
         raise AmpError(

@@ -18,13 +18,15 @@ Rules:
   so that onnx's checker and its type checks hold a model that uses them to
   their constraints instead of refusing it ("No Op registered for
   SimplifiedLayerNormalization") or skipping them. It only adds: no
-  standard schema changes.
+  standard schema changes. :func:`check_with_extras` does so where a model
+  needs them.
 
 onnxruntime is imported where first needed (it costs start-up time).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -112,23 +114,49 @@ def extra_default_ops() -> frozenset[str]:
     return frozenset(op for domain, op in extra_schemas() if domain == "")
 
 
-_registered = False
+ONNX_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"})
+_registered: set[tuple[str, str]] = set()  # (domain, op type) added to onnx.defs
+_tried = False
 
 
-def register_with_onnx() -> None:
+def register_with_onnx() -> bool:
     """Add onnxruntime's extra schemas to ``onnx.defs`` (once per process),
     so that onnx's checker and shape inference check a model that uses them
-    against their constraints. A schema onnx cannot take is left out."""
-    global _registered
-    if _registered:
-        return
-    _registered = True
-    for versions in extra_schemas().values():
+    against their constraints. A schema onnx cannot take is left out.
+    Returns whether this call added them (False: done before)."""
+    global _tried
+    if _tried:
+        return False
+    _tried = True
+    for key, versions in extra_schemas().items():
         for s in versions:
             try:
                 onnx.defs.register_schema(_as_onnx(s))
             except Exception:  # (onnx refuses a few: an attribute or type it does not know; they stay unchecked)
                 continue
+            _registered.add(key)
+    return True
+
+
+def registered(op_type: str, domain: str) -> bool:
+    """Whether ``onnx.defs`` holds this op's schema from onnxruntime (no import of onnxruntime)."""
+    return (_domain(domain), op_type) in _registered
+
+
+def check_with_extras(run: Callable[[], None], model: onnx.ModelProto | None = None) -> None:
+    """Run ``run`` (onnx's checker or shape inference on a model) knowing
+    onnxruntime's ops: registered first where ``model`` imports a domain
+    onnx does not define, else only where ``run`` fails without them (a
+    default-domain extra such as SimplifiedLayerNormalization), then run
+    again. onnxruntime is imported only then."""
+    if model is not None and any(o.domain not in ONNX_DOMAINS for o in model.opset_import):
+        register_with_onnx()
+    try:
+        run()
+    except Exception:
+        if not register_with_onnx():
+            raise
+        run()
 
 
 def _as_onnx(s: OrtSchema) -> onnx.defs.OpSchema:

@@ -10,6 +10,7 @@ import contextlib
 import gc
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -27,14 +28,15 @@ from .dtypes import FLOAT
 from .errors import ConversionError
 from .external import has_external, is_external
 from .graph import GraphContext, NameGenerator, build_context, name_in_use, names_repeat_across_graphs
+from .lists import ORT_FUSED
 from .load import check_calls, check_input_model, check_versions, load_model
 from .opset import check_target_opset, upgrade_opset
 from .options import ConvertOptions
-from .ortschema import is_extra
+from .ortinfer import session_types
 from .plan import Plan, make_plan
 from .rewrite import Rewriter, RewriteStats, declare_initializers
 from .safety import ConstantRanges
-from .schema import model_opsets
+from .schema import model_opsets, op_key, opset_domain, signature
 from .typeinfo import declared_type, infer_types
 
 if TYPE_CHECKING:  # (calibration runs onnxruntime: its module is loaded where it is used)
@@ -184,6 +186,11 @@ def _convert(
     casts_before = len(input_casts) if work is given else count_casts(given)
     timer.lap("index")
     infer_types(ctx, model_opsets(work), assume_float=_assumed_float(options))
+    if base_dir is None and _ask_onnxruntime(work, ctx, notes):  # (types it declared: index them again)
+        ctx = build_context(work.graph)
+        input_casts = indexed_casts(ctx)
+        infer_types(ctx, model_opsets(work), assume_float=_assumed_float(options))
+    notes.extend(_typing_notes(ctx, model_opsets(work)))
     timer.lap("types")
     if calibration is None and options.safety_on:
         notes.append("calibrated range rule inactive: no reference data")
@@ -238,9 +245,55 @@ def _convert(
 
 
 def _assumed_float(options: ConvertOptions) -> frozenset[str]:
-    """The custom-domain ops on the white list that no schema types: listed,
-    they compute in float (see :func:`infer_types`)."""
-    return frozenset(k for k in options.op_lists().white if "::" in k and not is_extra(*reversed(k.split("::", 1))))
+    """The custom-domain ops on the white list, but for onnxruntime's fused
+    ops (their schemas type them): listed, they compute in float (see
+    :func:`infer_types`)."""
+    return frozenset(k for k in options.op_lists().white if "::" in k and k not in ORT_FUSED)
+
+
+def _untyped_outputs(ctx: GraphContext) -> list[str]:
+    """Outputs of the main graph's nodes whose element type nothing gave."""
+    types = ctx.types
+    return [name for outs in ctx.outs for name in outs if name and not types.get(name)]
+
+
+def _ask_onnxruntime(model: onnx.ModelProto, ctx: GraphContext, notes: list[str]) -> bool:
+    """Where no schema typed a node output, onnxruntime's own inference may:
+    the types it gives are declared in ``model`` (value_info). Returns
+    whether it declared any."""
+    untyped = _untyped_outputs(ctx)
+    if not untyped:
+        return False
+    found = session_types(model, untyped)
+    if not found:
+        return False
+    model.graph.value_info.extend(onnx.helper.make_tensor_value_info(name, t, None) for name, t in found.items())
+    shown = ", ".join(sorted(found)[:3]) + (", ..." if len(found) > 3 else "")
+    notes.append(f"onnxruntime's own type inference typed {len(found)} tensor(s) no schema could ({shown})")
+    return True
+
+
+def _typing_notes(ctx: GraphContext, opsets: dict[str, int]) -> list[str]:
+    """What typed the fused ops' outputs, and what nothing could type."""
+    notes = []
+    fused = {
+        op_key(op, domain): n
+        for (op, domain), n in Counter(zip(ctx.ops, ctx.domains, strict=True)).items()
+        if (sig := signature(op, domain, opsets.get(opset_domain(domain), 0))) is not None and sig.source == "onnxruntime"
+    }
+    if fused:
+        listed = ", ".join(f"{k} x{n}" for k, n in sorted(fused.items()))
+        notes.append(f"onnxruntime's schemas typed the outputs of {sum(fused.values())} node(s) onnx does not define ({listed})")
+    untyped = _untyped_outputs(ctx)
+    if untyped:
+        producer = ctx.producer
+        first = untyped[0]
+        op = op_key(ctx.ops[producer[first]], ctx.domains[producer[first]]) if first in producer else "?"
+        notes.append(
+            f"{len(untyped)} tensor(s) have a type that neither onnx's nor onnxruntime's schemas, nor onnxruntime itself, "
+            f"determine (first: {first!r}, from {op}): the nodes that read or write them stay fp32"
+        )
+    return notes
 
 
 def _cast_opset(model: onnx.ModelProto, options: ConvertOptions) -> int:

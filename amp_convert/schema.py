@@ -76,12 +76,12 @@ def signature(op_type: str, domain: str, opset: int) -> Signature | None:
     """The op's signature at ``opset``: onnx's schema, or onnxruntime's for
     an op onnx lacks (its ``source`` says which); None when neither has one
     (custom domains, local functions)."""
-    if ortschema.is_extra(op_type, domain):
-        return _ort_signature(op_type, domain, opset)
     try:
         schema = onnx.defs.get_schema(op_type, opset, opset_domain(domain))
     except onnx.defs.SchemaError:
-        return None
+        return _ort_signature(op_type, domain, opset)  # (onnxruntime is asked only of ops onnx lacks)
+    if ortschema.registered(op_type, domain):
+        return _ort_signature(op_type, domain, opset)
     variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
     return Signature(
         inputs=tuple(p.type_str for p in schema.inputs),
@@ -114,9 +114,13 @@ def _allowed(constraints: Iterable[tuple[str, Iterable[str]]]) -> dict[str, froz
 
 @lru_cache(maxsize=1)
 def known_default_ops() -> frozenset[str]:
-    """The default-domain op types onnx or onnxruntime defines."""
-    standard = {s.name for s in onnx.defs.get_all_schemas_with_history() if is_default_domain(s.domain)}
-    return frozenset(standard) | ortschema.extra_default_ops()
+    """The default-domain op types onnx defines."""
+    return frozenset(s.name for s in onnx.defs.get_all_schemas_with_history() if is_default_domain(s.domain))
+
+
+def is_known_default_op(name: str) -> bool:
+    """Whether onnx or onnxruntime defines this default-domain op type."""
+    return name in known_default_ops() or name in ortschema.extra_default_ops()
 
 
 def validate_op_names(names: Iterable[str], what: str) -> list[str]:
@@ -131,7 +135,7 @@ def validate_op_names(names: Iterable[str], what: str) -> list[str]:
             if not domain or not op:
                 raise AmpError(f"{what}: malformed op type {raw!r} (write DOMAIN::OpType)")
             name = op_key(op, domain)
-        elif name not in known_default_ops():
+        elif not is_known_default_op(name):
             hint = _close_match(name)
             raise AmpError(
                 f"{what}: unknown ONNX op type {raw!r}"

@@ -225,3 +225,28 @@ def test_lists_command_shows_fused_and_quantized_ops():
     done = subprocess.run([sys.executable, "-m", "amp_convert", "lists", "--level", "O2"], capture_output=True, text=True)
     assert done.returncode == 0
     assert "com.microsoft::GroupQueryAttention" in done.stdout and "com.microsoft::MatMulNBits" in done.stdout
+
+
+def test_onnxruntime_types_what_no_schema_can():
+    """SimplifiedLayerNormalization's inv_std_var is float or double as an
+    attribute says: its schema cannot tell, onnxruntime's inference can."""
+    model = rms_decoder()
+    model.graph.node[0].output.append("inv_std")
+    model.graph.node.append(helper.make_node("Mul", ["inv_std", "inv_std"], ["sq"]))
+    model.graph.output.append(helper.make_tensor_value_info("sq", TensorProto.FLOAT, [1, SEQ, 1]))
+    result = amp_convert.convert(model, level="O2")
+    assert any("onnxruntime's own type inference typed 1 tensor(s)" in n and "inv_std" in n for n in result.plan.notes)
+    assert all(e.rule != "unknown-type" for e in result.plan)
+    assert result.plan.by_name("Mul_3").rule == "follow"  # (typed: it follows its fp32 statistics input)
+
+
+def test_a_type_nothing_determines_is_reported():
+    model = rms_decoder()
+    model.graph.node[2].domain = "org.example"  # (onnxruntime cannot load it: nothing types its output)
+    model.opset_import.append(helper.make_opsetid("org.example", 1))
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    model.graph.node.append(helper.make_node("Relu", ["z"], ["r"]))
+    model.graph.output[0].name = "r"
+    plan = amp_convert.convert(model, level="O2", check="none").plan
+    assert any("neither onnx's nor onnxruntime's schemas" in n and "'z'" in n for n in plan.notes)
+    assert plan.by_name("Relu_3").rule == "unknown-type"
