@@ -62,6 +62,7 @@ CONFIG_KEYS = {
     "check",
     "external_data",
     "target_opset",
+    "target_provider",
     "output",
     "explain",
     "plan_json",
@@ -469,6 +470,14 @@ def validation_options(f):
     help="--level auto: grow from a list level instead of shrinking from O3. Example: --auto-from O2",
 )
 @click.option(
+    "--target-provider",
+    type=str,
+    default="cuda",
+    show_default=True,
+    help="The onnxruntime execution provider the model will run on: a node runs low only where it has a kernel for "
+    "that op in the low dtype (cuda, cpu, or none for no filtering). Example: --target-provider cpu",
+)
+@click.option(
     "--target-opset",
     type=int,
     default=None,
@@ -737,6 +746,7 @@ def _conversion_options(kw: dict) -> ConvertOptions:
         clip_initializers=kw["clip_initializers"],
         data_max=kw["data_max"],
         target_opset=kw["target_opset"],
+        target_provider=kw["target_provider"].lower(),
     ).validated()
 
 

@@ -15,6 +15,7 @@ from .schema import validate_op_names
 
 IO_TYPES = ("keep", "low")
 PROVIDERS = ("auto", "cuda", "cpu")  # onnxruntime providers validation can ask for (auto: CUDA where usable)
+TARGET_PROVIDERS = ("cuda", "cpu", "none")  # providers a conversion can be aimed at (none: any kernel will do)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,9 @@ class ConvertOptions:
     clip_initializers: bool = False  # ... or are clipped to the low dtype's range instead (counted)
     data_max: float | None = None  # calibrated rule: |values| in the fp32 run above this keep a node fp32
     target_opset: int | None = None  # upgrade the default-domain opset first (one below the model's is refused)
+    # The execution provider the model is meant to run on: a node runs low only where it has a kernel for
+    # that op in the low dtype ('cuda', 'cpu', or 'none' for no filtering).
+    target_provider: str = "cuda"
     keep_fp32_nodes: tuple[str, ...] = ()  # exact node names (the auto search sets these)
     force_low_nodes: tuple[str, ...] = ()
     _compiled: dict[str, tuple[re.Pattern[str], ...]] = field(default_factory=dict, compare=False, repr=False)
@@ -87,6 +91,8 @@ class ConvertOptions:
             not isinstance(self.target_opset, int) or isinstance(self.target_opset, bool) or self.target_opset < 1
         ):
             raise AmpError(f"--target-opset must be a positive integer, got {self.target_opset!r}")
+        if self.target_provider not in TARGET_PROVIDERS:
+            raise AmpError(f"unknown target provider {self.target_provider!r}: use one of {', '.join(TARGET_PROVIDERS)}")
         if self.only_white_list is not None and self.only_black_list is not None:
             raise AmpError("give --only-white-list or --only-black-list, not both")
         if self.only_white_list is not None and level not in (None, "O1"):

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
+from .availability import KernelRule
 from .dtypes import FLOAT, LowDtype
 from .graph import UNTYPED, GraphContext, NodeLabels, SlotTable, cast_to, check_utf8, distinct_rows
 from .lists import (
@@ -381,6 +382,7 @@ class Planner:
         self.plan = Plan(self.level, options.dtype, lists.profile, notes=list(lists.notes))
         self.states: dict[str, str] = {}  # data precision of float tensors, across scopes (names are unique)
         self.demand = Demand(self.plan, self.low, options.io_types)
+        self.kernels = KernelRule(options.target_provider, self.low)
         self._slot_cache: dict = {}
         self._sigs: dict[tuple[str, str], Signature | None] = {}  # (op, domain) -> signature at the model's opset
         self._has_qdq = False  # set per graph: any DequantizeLinear / QuantizeLinear
@@ -402,6 +404,10 @@ class Planner:
 
     def run(self, ctx: GraphContext) -> Plan:
         self._plan_graph(ctx)
+        kept = sum(n for (_, rule, _), n in self.plan.tally().items() if rule == "kernel")
+        kernel_note = self.kernels.note(kept)
+        if kernel_note is not None:
+            self.plan.notes.append(kernel_note)
         if self._admitted_later:  # (a bf16 plan keeping its Convs fp32 says so where a summary line is read)
             note = self._upgrade_note()
             self.plan.notes.append(note)
@@ -653,6 +659,12 @@ class Planner:
             entry.precision, entry.rule = Precision.FP32, "runtime"
             entry.reason = f"onnxruntime has no {self.low.name} kernel for {ctx.ops[i]} (wanted low: {entry.reason})"
             return entry
+        if not forced:
+            missing = self.kernels.missing(ctx.ops[i], ctx.domains[i], self.opsets.get(opset_domain(ctx.domains[i]), 0))
+            if missing is not None:
+                entry.precision, entry.rule = Precision.FP32, "kernel"
+                entry.reason = f"{missing} (wanted low: {entry.reason})"
+                return entry
         low_inputs, low_outputs = slots
         if safety and self.safety:
             found = self._safety_problem(ctx, i, low_inputs)
