@@ -165,8 +165,9 @@ class AutoSearch:
     ):
         self.reference = reference
         self.options = options
+        # (each trial's model is not loaded as written: the chosen one is, once, at the end)
         self.validator = Validator(
-            reference, source, replace(config, per_node=False), base_dir=external_dir, calibration=calibration
+            reference, source, replace(config, per_node=False, load_check=False), base_dir=external_dir, calibration=calibration
         )
         self.external_dir = external_dir
         self.calibration = calibration
@@ -325,7 +326,9 @@ def auto_convert(
 ) -> AutoResult:
     """Search for the assignment with the most low-precision compute that
     passes validation, in at most ``max_trials`` conversions + validations.
-    ``start``: O1 or O2 to grow from that level (default: see :meth:`ConvertOptions.auto_start`)."""
+    ``start``: O1 or O2 to grow from that level (default: see :meth:`ConvertOptions.auto_start`).
+    The chosen model is loaded as written (see :meth:`Validator.as_written`):
+    onnxruntime's refusal of it is a :class:`~amp_convert.errors.RefusedAsWritten`."""
     began = time.perf_counter()
     start = options.auto_start(start)
     search = AutoSearch(reference, options, source, config, calibration, max_trials, check, on_trial, external_dir)
@@ -350,6 +353,9 @@ def auto_convert(
     # pipeline checked it: in memory, or (external data, over 2 GB) as the written file.
     if not result.check_deferred:
         result.check_deferred = not check_converted(result.model, check)
+    if config.load_check:  # (onnxruntime's refusal of it as written is a RefusedAsWritten)
+        written = search.validator.as_written(result.model)
+        validation.kernel_note = written.note if written is not None else ""
     result.plan.level = "auto"
     result.plan.notes.append(f"auto: trial {number} of {len(search.trials)} chosen (start {start})")
     return AutoResult(result, validation, search.trials, start, time.perf_counter() - began, chosen=number)

@@ -24,7 +24,7 @@ import click
 
 from . import __version__
 from .emulate import EMULATE_MODES
-from .errors import AmpError, ConversionError, LoadFailure, ModelFailure, NeitherLoads, TwinFailure
+from .errors import AmpError, ConversionError, LoadFailure, ModelFailure, NeitherLoads, RefusedAsWritten, TwinFailure
 from .external import PROTOBUF_LIMIT
 from .lists import LEVELS, ORT_QUANTIZED_OPS, PROFILES
 from .load import remember_inputs
@@ -582,11 +582,9 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         calibration = _calibration(reference, samples, calibration_source, kw, folder) if calibrating else None
         searched = None
         if auto:
-            with _run_failures(source):
+            with _run_failures(source, check=kw["check"]):
                 searched = _auto(reference, options, start, source, calibration, kw, folder)
             result, validation = searched.conversion, searched.validation
-            if validation is not None:  # (None: no trial passed, the fp32 model is written)
-                _check_loads(result.model, validation.provider, kw["check"], input_loads)
         else:
             # Without validation the fp32 model is not needed afterwards: convert it in place.
             with _stage_line(kw) as on_stage:
@@ -602,9 +600,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
                     keep=click.get_current_context().obj if source is None else None,
                     ahead=loaded.ahead_result,
                 )
-            if source is not None:
-                _check_loads(result.model, kw["provider"], kw["check"], input_loads)
-            with _run_failures(source):
+            with _run_failures(source, check=kw["check"]):
                 validation = (
                     _validate(reference, result.model, source, kw, result.plan, folder, calibration, options.dtype)
                     if source is not None
@@ -757,7 +753,7 @@ def _only_list(values: tuple[str, ...]) -> tuple[str, ...] | None:
 
 
 @contextlib.contextmanager
-def _run_failures(source, names: tuple[str, str] | None = None) -> Iterator[None]:
+def _run_failures(source, names: tuple[str, str] | None = None, check: str = "full") -> Iterator[None]:
     """A model onnxruntime could not load, or run on the samples of
     ``source``, named, with what to try where the samples may be to blame
     (exit 2; compare names both files where neither loads). ``names``:
@@ -766,7 +762,9 @@ def _run_failures(source, names: tuple[str, str] | None = None) -> Iterator[None
     exposed, or its emulation twin): its failure where the input model
     loaded and ran is the conversion's (exit 3).
     An emulation twin onnxruntime cannot load, where it loads the model
-    itself, is amp-convert's failure (exit 3), whichever model it emulates."""
+    itself, is amp-convert's failure (exit 3), whichever model it emulates.
+    So is a converted model onnxruntime refuses as written (``check``: the
+    checker's mode it passed, which the message says)."""
     try:
         yield
     except ModelFailure as e:
@@ -783,6 +781,8 @@ def _run_failures(source, names: tuple[str, str] | None = None) -> Iterator[None
         if isinstance(e, NeitherLoads) and names is not None:
             both = e.detail if e.other == e.detail else f"{reference}: {e.detail}; {candidate}: {e.other}"
             raise AmpError(f"neither {reference} nor {candidate} can be loaded by onnxruntime: {both}") from None
+        if isinstance(e, RefusedAsWritten) and names is None and e.role == "candidate":
+            raise ConversionError(_refused_converted(e, check)) from None
         loading = isinstance(e, LoadFailure)
         failed = "cannot be loaded by onnxruntime" if loading else "fails to run"
         if e.role == "reference":
@@ -790,6 +790,20 @@ def _run_failures(source, names: tuple[str, str] | None = None) -> Iterator[None
         if names is None:
             raise ConversionError(f"{candidate} {failed} where the input model runs: {e.detail}") from None
         raise AmpError(f"{candidate} {failed} where {reference} runs: {e.detail}") from None
+
+
+def _refused_converted(refused: RefusedAsWritten, check: str) -> str:
+    """The line for a converted model onnxruntime refuses as written (the
+    pipeline's checker passed it in mode ``check``)."""
+    import onnxruntime
+
+    prefix = f"onnxruntime {onnxruntime.__version__} cannot load the converted model on {refused.provider}"
+    if check == "none":
+        return (
+            f"{prefix} ({refused.detail}); onnx's checker has not run on it (--check none): --check full tells "
+            "whether the conversion made it invalid"
+        )
+    return f"{prefix}, which is valid ONNX: {refused.detail}; try another level, or keep the nodes it involves fp32 (--keep-fp32)"
 
 
 def _calibration_samples(reference, kw: dict) -> tuple[Any, Iterator[dict]]:
@@ -844,7 +858,16 @@ def _auto(reference, options: ConvertOptions, start: str, source, calibration, k
             click.echo(f"trial {trial.number}: {trial.step}: {verdict}, {trial.low_compute:.1%} of compute low", err=True)
 
     tolerance = _tolerance(kw, reference_low=options.dtype)
-    config = ValidationConfig(kw["provider"], kw["emulate"], True, kw["top"], tolerance, kw["pin_choices"], options.dtype)
+    config = ValidationConfig(
+        kw["provider"],
+        kw["emulate"],
+        True,
+        kw["top"],
+        tolerance,
+        kw["pin_choices"],
+        options.dtype,
+        target_provider=options.target_provider,
+    )
     searched = auto_convert(reference, options, source, config, calibration, kw["max_trials"], start, kw["check"], show, folder)
     if searched.validation is None and not kw["quiet"] and not kw["json_out"]:
         click.echo(
@@ -906,7 +929,10 @@ def _validate(reference, candidate, source, kw: dict, plan, folder: Path | None 
 
     dtype = dtype or ("bf16" if detect_low_dtype(candidate) == 16 else "fp16")
     tolerance = _tolerance(kw, reference_low=dtype)
-    config = ValidationConfig(kw["provider"], kw["emulate"], kw["per_node"], kw["top"], tolerance, kw["pin_choices"], dtype)
+    aimed_at = kw.get("target_provider", "cuda").lower()  # (compare: a candidate of another tool, aimed at CUDA)
+    config = ValidationConfig(
+        kw["provider"], kw["emulate"], kw["per_node"], kw["top"], tolerance, kw["pin_choices"], dtype, target_provider=aimed_at
+    )
     show = not kw["quiet"] and not kw["json_out"] and sys.stderr.isatty()
     if not show:
         return validate(reference, candidate, source, config, plan, base_dir=folder, calibration=calibration)
@@ -933,47 +959,6 @@ def _check_target_runs(model, target: int, input_loads: Callable[[], None]) -> N
             f"--target-opset {target}: onnxruntime {onnxruntime.__version__} loads no model at opset {target} "
             f"(IR version {ir_version}): {refusal}; give a lower --target-opset, or --no-validate to write it unvalidated"
         )
-
-
-def _check_loads(model, provider: str, check: str, input_loads: Callable[[], None]) -> None:
-    """Validation runs the converted model with its intermediate tensors
-    exposed, or through its emulation twin: where onnxruntime's graph
-    optimizations fail on the model as written (a fusion taking a Cast in),
-    they may not show there. The model as written must load: checked where
-    it should (fp16, or bf16 on CUDA; onnxruntime's CPU provider has no
-    bf16 kernels), and where it is in memory (not in external data).
-    Where it does not load, ``input_loads`` tells whether the input does
-    (nothing may have loaded it yet: without the safety rules' calibration
-    run), then onnx's checker (``check``, which otherwise runs on the
-    written file) whether the conversion made it invalid."""
-    from onnx import TensorProto
-
-    from .check import check_converted
-    from .emulate import detect_low_dtype
-    from .external import has_external
-    from .runner import choose_provider, load_refusal
-
-    resolved, _ = choose_provider(provider)
-    low = detect_low_dtype(model)
-    if low is None or has_external(model) or (low == TensorProto.BFLOAT16 and resolved != "cuda"):
-        return
-    detail = load_refusal(model, resolved)
-    if detail is None:
-        return
-    input_loads()  # (an input onnxruntime refuses too is the failure: exit 2)
-    import onnxruntime
-
-    prefix = f"onnxruntime {onnxruntime.__version__} cannot load the converted model on {resolved}"
-    if check == "none":
-        raise ConversionError(
-            f"{prefix} ({detail}); onnx's checker has not run on it (--check none): --check full tells "
-            "whether the conversion made it invalid"
-        )
-    check_converted(model, check)  # (the conversion made it invalid: the checker's message, exit 3)
-    raise ConversionError(
-        f"{prefix}, which is valid ONNX: one of its graph optimizations fails on it ({detail}); try another "
-        "level, or keep the nodes it involves fp32 (--keep-fp32)"
-    )
 
 
 def _input_loads(reference, kw: dict, folder: Path, source) -> None:

@@ -50,6 +50,20 @@ class TwinFailure(LoadFailure):
     failed = "cannot load the emulation twin of the model"
 
 
+class RefusedAsWritten(LoadFailure):
+    """onnxruntime refuses a low-precision model as written (a type or graph
+    error, a crash), where validation would run something else (its
+    emulation twin, or a copy exposing its tensors) that it loads: the real
+    run would not happen, so the model cannot pass. ``provider``: the one
+    it was loaded on (cuda or cpu)."""
+
+    failed = "cannot load the model as written"
+
+    def __init__(self, detail: str, role: str | None = None, provider: str = "cpu") -> None:
+        super().__init__(detail, role)
+        self.provider = provider
+
+
 class NeitherLoads(LoadFailure):
     """onnxruntime could load neither model: the reference (``detail``),
     checked where the candidate (``other``: its failure) did not load. The

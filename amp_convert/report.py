@@ -152,6 +152,8 @@ def terminal_table(report: dict) -> str:
     lines.append(f"{verdict}: {v['samples']} sample(s), {how}{v['dtype']} on {v['provider']} ({v['emulation_note']})")
     if v["reference_emulated"]:
         lines.append(f"the reference is low precision too: emulated ({v['reference_emulation_note']})")
+    if v.get("kernel_note"):
+        lines.append(f"note: {v['kernel_note']}")
     return "\n".join(lines)
 
 
@@ -297,6 +299,8 @@ def html_report(report: dict) -> str:
             parts.append(f"<div class='meta' id='clipping'>{html.escape(clipping)}</div>")
     if v is not None:
         parts.append("<h2>Outputs</h2>")
+        if v.get("kernel_note"):
+            parts.append(f"<div class='meta' id='kernel-note'>{html.escape(v['kernel_note'])}</div>")
         parts.append(_outputs_table(v))
         parts.append("<h2>Error through the graph</h2>")
         parts.append(

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 
 from .dtypes import FLOAT_TYPES
 from .emulate import LOW_TYPES, decide_emulation, emulation_twin, low_inputs, low_io
-from .errors import AmpError, LoadFailure, RunFailure, TwinFailure
+from .errors import AmpError, LoadFailure, RefusedAsWritten, RunFailure, TwinFailure
 from .external import PROTOBUF_LIMIT, has_external, payload_bytes, write_with_external_data
 from .metrics import is_float
 from .opset import min_ir_for_opset
@@ -149,6 +149,82 @@ def load_refusal(model: onnx.ModelProto, provider: str, base_dir: str | os.PathL
         return f"the process loading it crashed ({signal.Signals(-child.returncode).name})"
     lines = child.stderr.strip().splitlines()
     return _scratch_unnamed(lines[-1], path) if lines else f"the process loading it exited with {child.returncode}"
+
+
+# onnxruntime 1.31's two ways of saying that no kernel of a provider takes a
+# node (its type, or its opset): the default domain's, and a contrib op's.
+_MISSING_KERNEL = re.compile(
+    r"Could not find an implementation for (?P<op>[\w.]+)\((?P<version>\d+)\) node with name '(?P<node>[^']*)'"
+    r"|Failed to find kernel for (?P<op_>[\w.]+)\((?P<version_>\d+)\) \(node:'(?P<node_>[^']*)'"
+)
+
+
+_AIMED = {"cuda": "CUDA", "none": "no provider in particular (--target-provider none)"}
+
+
+@dataclass(frozen=True)
+class MissingKernel:
+    """The node onnxruntime found no kernel for (the first it met)."""
+
+    op: str  # a contrib op's with its domain: com.microsoft.BiasAdd
+    version: int
+    node: str
+
+
+def missing_kernel(refusal: str) -> MissingKernel | None:
+    """The node of a refusal (:func:`load_refusal`'s line) that is a
+    missing kernel (onnxruntime's NOT_IMPLEMENTED); None for any other."""
+    found = _MISSING_KERNEL.search(refusal) if "NOT_IMPLEMENTED" in refusal else None
+    if found is None:
+        return None
+    op, version, node = found.group("op", "version", "node") if found.group("op") else found.group("op_", "version_", "node_")
+    return MissingKernel(op, int(version), node)
+
+
+@dataclass(frozen=True)
+class AsWritten:
+    """What onnxruntime made of a model as written (see :func:`load_as_written`)."""
+
+    refusal: str | None  # onnxruntime's reason; None: it loads
+    note: str = ""  # the refusal validation stands behind, said in a line (a missing CPU kernel)
+
+    @property
+    def sound(self) -> bool:
+        """Whether nothing in the model itself stops onnxruntime (it loads, or lacks only a CPU kernel)."""
+        return self.refusal is None or bool(self.note)
+
+
+def load_as_written(
+    model: onnx.ModelProto,
+    low_elem: int,
+    provider: str,
+    emulated: bool,
+    base_dir: str | os.PathLike | None = None,
+    role: str = "candidate",
+    aimed_at: str = "cuda",
+) -> AsWritten:
+    """Load ``model`` (low dtype ``low_elem``) as written on ``provider``
+    (cuda or cpu) in a child process (:func:`load_refusal`), where
+    validation runs something else: its emulation twin (``emulated``), or a
+    copy that exposes its tensors, which onnxruntime's graph optimizations
+    may treat otherwise. A kernel the CPU provider lacks, where the run is
+    emulated and the model is aimed at another provider (``aimed_at``), is
+    expected: the result's note says so. Any other refusal (a type or graph
+    error, a crash, a kernel missing where the model is meant to run) is a
+    :class:`RefusedAsWritten` of ``role``: the real run would not load it."""
+    refusal = load_refusal(model, provider, base_dir)
+    if refusal is None:
+        return AsWritten(None)
+    kernel = missing_kernel(refusal)
+    if kernel is None or not emulated or provider != "cpu" or aimed_at.lower() == "cpu":
+        raise RefusedAsWritten(refusal, role, provider)
+    dtype = "bfloat16" if low_elem == TensorProto.BFLOAT16 else "float16"
+    where = f"node {kernel.node}" if kernel.node else "an unnamed node"
+    return AsWritten(
+        refusal,
+        f"onnxruntime's CPU provider has no {dtype} kernel for {kernel.op}({kernel.version}) ({where}, the first it met): "
+        f"expected for a model aimed at {_AIMED.get(aimed_at.lower(), aimed_at)}; validated through the emulation",
+    )
 
 
 def _scratch_unnamed(message: str, written: Path | None) -> str:
@@ -347,6 +423,7 @@ def runnable(
     base_dir: str | os.PathLike | None = None,
     role: str = "candidate",
     twin: onnx.ModelProto | None = None,
+    written: AsWritten | None = None,
 ) -> Runnable:
     """A session of ``model`` (``low_elem``: its low dtype, from
     ``detect_low_dtype``; ``tensors``: intermediate (name, elem type) pairs
@@ -359,7 +436,9 @@ def runnable(
     (TWIN_DISABLED_OPTIMIZERS: onnxruntime 1.31 refuses some valid fp32
     models after them), its refusal then its own failure. A twin that
     onnxruntime cannot load, where it loads the model as written, is a
-    :class:`TwinFailure`: the twin, not the model, is to blame."""
+    :class:`TwinFailure`: the twin, not the model, is to blame
+    (``written``: what loading the model as written found, if asked already:
+    see :func:`load_as_written`)."""
     tensors = list(tensors)
     emulated, note = decide_emulation(mode, provider, low_elem, low_io(model), role)
 
@@ -393,8 +472,10 @@ def runnable(
     try:
         return start(emulated)
     except AmpError as e:
-        if emulated and isinstance(e, LoadFailure) and load_refusal(model, provider, base_dir) is None:
-            raise TwinFailure(e.detail, role) from None
+        if emulated and isinstance(e, LoadFailure):
+            sound = written.sound if written is not None else load_refusal(model, provider, base_dir) is None
+            if sound:
+                raise TwinFailure(e.detail, role) from None
         if emulated or mode != "auto":
             raise
         if low_elem is None:

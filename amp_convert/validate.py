@@ -30,14 +30,14 @@ from onnx import TensorProto, helper
 from .calibrate import Calibration
 from .dtypes import FLOAT_TYPES
 from .emulate import EMULATE_MODES, decide_emulation, low_dtype_of, low_io
-from .errors import AmpError, LoadFailure, ModelFailure, NeitherLoads, TwinFailure
+from .errors import AmpError, LoadFailure, ModelFailure, NeitherLoads, RefusedAsWritten, TwinFailure
 from .graph import build_context, tensor_names
 from .inputs import CandidateInputs, InputSource
 from .lists import EXACT_OPS
 from .metrics import DEFAULT_TOLERANCES, ElementSummary, ErrorStats, SequenceStats, Tolerance
 from .pin import Selection, find_selections, makes, pin
 from .plan import Plan
-from .runner import Runnable, choose_provider, runnable, value_bytes
+from .runner import AsWritten, Runnable, choose_provider, load_as_written, runnable, value_bytes
 from .safety import unused_values
 from .schema import model_opsets
 from .typeinfo import held_type, infer_types
@@ -60,6 +60,12 @@ class ValidationConfig:
     tolerance: Tolerance | None = None  # None: the default for the low dtype
     pin_choices: bool = True  # candidate reads the reference's TopK / NMS / ... choices (pin.py)
     dtype: str | None = None  # the conversion's low dtype, whose default tolerance applies; None: the candidate's
+    # A low-precision candidate is loaded as written too (runner.load_as_written): the auto search's
+    # trials skip it, and its chosen model is loaded so (Validator.as_written).
+    load_check: bool = True
+    # The provider the conversion aimed at (ConvertOptions.target_provider): a kernel the CPU provider
+    # lacks is expected of a model aimed at another, where the run on the CPU is emulated.
+    target_provider: str = "cuda"
 
 
 @dataclass
@@ -142,6 +148,7 @@ class ValidationResult:
     pinned: list[PinnedSelection] = field(default_factory=list)
     selection_inputs: list[ErrorStats] = field(default_factory=list)  # judged like outputs
     pin_note: str = ""
+    kernel_note: str = ""  # what loading the candidate as written found that validation stands behind
 
     @property
     def passed(self) -> bool:
@@ -173,6 +180,7 @@ class ValidationResult:
             "offenders": [n.as_dict() for n in self.offenders()],
             "nodes": [n.as_dict() for n in self.nodes],
             "per_node_note": self.per_node_note,
+            "kernel_note": self.kernel_note,
             "pinned": {
                 "note": self.pin_note,
                 "selections": [p.as_dict() for p in self.pinned],
@@ -254,9 +262,10 @@ class Validator:
         """Compare ``candidate`` with the reference on every sample."""
         config = self.config if per_node is None else replace(self.config, per_node=per_node)
         cand_ctx = _typed(candidate)
+        written = self.as_written(candidate, cand_ctx) if config.load_check else None
         pins = [s for s in self.selections if makes(cand_ctx, s)]
         try:
-            return self._check(candidate, cand_ctx, config, plan, progress, pins)
+            return self._check(candidate, cand_ctx, config, plan, progress, pins, written)
         except ModelFailure as e:
             # Only the pinned candidate's own failure may go with its pins: the
             # reference and every check but the candidate's run are the same without them.
@@ -264,7 +273,7 @@ class Validator:
                 raise
             why = str(e)[:160]
         # The pinned candidate failed to load or run (e.g. a choice it cannot take): compare as it is.
-        result = self._check(candidate, cand_ctx, config, plan, progress, [])
+        result = self._check(candidate, cand_ctx, config, plan, progress, [], written)
         result.pin_note = f"choices not pinned: the pinned candidate failed ({why})"
         return result
 
@@ -276,6 +285,7 @@ class Validator:
         plan: Plan | None,
         progress: Callable[[int], None] | None,
         pins: list[Selection],
+        written: AsWritten | None,
     ) -> ValidationResult:
         start = time.perf_counter()
         cand_low = low_dtype_of(cand_ctx, candidate.functions)
@@ -318,7 +328,7 @@ class Validator:
         judged = list(dict.fromkeys(judged))
         exposed = [(n, cand_ctx.types[n]) for n in dict.fromkeys([*tensors, *judged])]
         run_model, own = pin(candidate, pins, tensor_names(cand_ctx)) if pins else (candidate, {})
-        cand = self._candidate_session(run_model, cand_low, config.emulate, exposed)
+        cand = self._candidate_session(run_model, cand_low, config.emulate, exposed, written)
         taken = set(self.output_names)  # (the report's row names: an element's never takes an output's)
         out_stats = {
             n: SequenceStats(n, taken, self.map_values[n])
@@ -361,17 +371,40 @@ class Validator:
             reference_emulation_note=self.reference_note,
             pinned=[PinnedSelection(s, agreement[s.name]) for s in pins],
             selection_inputs=list(judged_stats.values()),
+            kernel_note=written.note if written is not None else "",
         )
         if per_node:
             result.nodes = _node_errors(self.ref_ctx, cand_ctx, {**tensor_stats, **out_stats}, plan)
         result.seconds = time.perf_counter() - start
         return result
 
-    def _candidate_session(self, model: onnx.ModelProto, low: int | None, mode: str, exposed: list[tuple[str, int]]) -> Runnable:
-        """A session of the candidate (built before the reference's: see
-        :meth:`_reference_loads`)."""
+    def as_written(self, candidate: onnx.ModelProto, cand_ctx=None) -> AsWritten | None:
+        """What onnxruntime makes of ``candidate`` (``cand_ctx``: its typed
+        context, if built) as written, on this validator's provider, where
+        it is low precision (None where it is not: it runs as written).
+        Validation runs its emulation twin, or a copy exposing its tensors,
+        and would pass a model that onnxruntime refuses: such a refusal is a
+        :class:`RefusedAsWritten` (raised after the reference is loaded, as
+        in :meth:`_reference_loads`); a kernel the CPU provider lacks, for a
+        model aimed at another, the result's note (see
+        :func:`amp_convert.runner.load_as_written`)."""
+        low = low_dtype_of(cand_ctx if cand_ctx is not None else _typed(candidate), candidate.functions)
+        if low is None:
+            return None
+        emulated, _ = decide_emulation(self.config.emulate, self.provider, low, low_io(candidate))
         try:
-            return runnable(model, low, self.provider, mode, exposed, self.base_dir, "candidate")
+            return load_as_written(candidate, low, self.provider, emulated, self.base_dir, aimed_at=self.config.target_provider)
+        except RefusedAsWritten as refused:
+            self._reference_loads(refused)
+            raise
+
+    def _candidate_session(
+        self, model: onnx.ModelProto, low: int | None, mode: str, exposed: list[tuple[str, int]], written: AsWritten | None
+    ) -> Runnable:
+        """A session of the candidate (built before the reference's: see
+        :meth:`_reference_loads`; ``written``: what loading it as written found)."""
+        try:
+            return runnable(model, low, self.provider, mode, exposed, self.base_dir, "candidate", written=written)
         except LoadFailure as failure:
             self._reference_loads(failure)
             raise
