@@ -693,12 +693,16 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
             click.echo(clipping)
         for hint in result.plan.hints:
             click.echo(f"hint: {hint}")
+        covered = report["plan"]["coverage"]
+        if covered["warning"]:
+            click.echo(covered["warning"], err=True)
         c = report["plan"]["counts"]
         level = f"auto ({searched.tried}, {searched.low_compute:.1%} of compute low)" if searched else result.plan.level
+        share = "" if searched else f" ({covered['summary']})"
         click.echo(
             f"{model} -> {output if write else '(not written: out of tolerance; --write-on-fail writes it)'}: "
             f"{level} {options.dtype}, "
-            f"{c['low']} low / {c['fp32']} fp32 / {c['unchanged']} unchanged nodes, "
+            f"{c['low']} low / {c['fp32']} fp32 / {c['unchanged']} unchanged nodes{share}, "
             f"casts {result.casts_before} -> {result.casts_after}, "
             f"{_mb(size_before)} -> {_mb(size_after)}, {sum(timings.values()):.2f} s"
         )

@@ -24,6 +24,7 @@ from .ahead import RESULTS as AHEAD_RESULTS
 from .ahead import fitting_facts
 from .check import CHECK_MODES, check_converted
 from .cleanup import cast_triples, clean_up, count_casts, indexed_casts
+from .coverage import Coverage, coverage
 from .dtypes import FLOAT
 from .errors import ConversionError
 from .external import has_external, is_external
@@ -59,6 +60,7 @@ class ConversionResult:
     casts_after: int = 0
     timings: dict[str, float] = field(default_factory=dict)
     check_deferred: bool = False  # too large to check in memory: check the written file
+    coverage: Coverage | None = None  # the share of float compute the plan runs low, and why the rest is fp32
 
     def __iter__(self) -> Iterator:
         yield self.model
@@ -199,8 +201,9 @@ def _convert(
         ranges.offer(ctx.path, lambda: fitting_facts(ahead("constants"), options.low))
     plan = make_plan(work, ctx, options, ranges, calibration)
     plan.notes[:0] = notes
+    covered = coverage(work, plan, ctx, options.op_lists())  # (of the model as planned: the rewrite changes it)
     timer.lap("plan")
-    result = ConversionResult(work, plan, options, casts_before=casts_before, casts_after=len(input_casts))
+    result = ConversionResult(work, plan, options, casts_before=casts_before, casts_after=len(input_casts), coverage=covered)
     if keep is not None:  # (a graph's index is millions of small objects: freeing them takes a tenth of the run)
         keep.extend((ctx, ranges, input_casts))
     if options.effective_level != "O0":

@@ -22,7 +22,9 @@ SCHEMA_ID = "amp-convert-report"
 #    with element_of and index; past 16 elements one row of kind "elements" for them all, then the worst
 #    failing ones) and "empty", and structure_mismatch, empty and lengths beside an output's metrics;
 #    warnings, warning_kinds and checks always there (unreleased between 3 and 5: one version).
-SCHEMA_VERSION = 5
+# 6: plan.coverage (the share of float compute that runs low, the causes of the rest, the warning);
+#    validation.kernel_note.
+SCHEMA_VERSION = 6
 
 
 def report_schema() -> dict:
@@ -73,6 +75,7 @@ def build_report(
             "rules": dict(sorted(rules.items())),
             "low_ops": dict(sorted(low_ops.items())),
             "notes": conversion.plan.notes,
+            "coverage": _coverage(conversion.coverage),
         }
         conv = {
             "casts_before": conversion.casts_before,
@@ -257,7 +260,7 @@ def _pf(ok: bool) -> str:
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;color:#1d1d1f;max-width:1100px}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px}
-.meta{color:#555;font-size:13px}
+.meta{color:#555;font-size:13px} .meta.warn{color:#9a6700;font-weight:600}
 .badge{display:inline-block;padding:2px 10px;border-radius:10px;font-weight:600;color:#fff}
 .pass{background:#1a7f37}.fail{background:#cf222e}.skip{background:#6e7781}
 table{border-collapse:collapse;font-size:13px;margin:6px 0}
@@ -292,6 +295,11 @@ def html_report(report: dict) -> str:
             f"<tr><td class='num'>{counts['low']}</td><td class='num'>{counts['fp32']}</td>"
             f"<td class='num'>{counts['unchanged']}</td><td>{html.escape(notes)}</td></tr></table>"
         )
+        covered = plan.get("coverage")
+        if covered:
+            parts.append(f"<div class='meta' id='coverage'>{html.escape(covered['summary'])}</div>")
+            if covered["warning"]:
+                parts.append(f"<div class='meta warn' id='coverage-warning'>{html.escape(covered['warning'])}</div>")
         rules = "".join(f"<tr><td>{html.escape(k)}</td><td class='num'>{n}</td></tr>" for k, n in sorted(plan["rules"].items()))
         parts.append(f"<table><tr><th>rule</th><th>nodes</th></tr>{rules}</table>")
         clipping = clipping_summary(report)
@@ -320,6 +328,13 @@ def html_report(report: dict) -> str:
             parts.append(_pinned_table(v["pinned"]))
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _coverage(covered) -> dict | None:
+    """The plan's ``coverage`` object: see :meth:`amp_convert.coverage.Coverage.as_dict`, with its warning."""
+    if covered is None:
+        return None
+    return {**covered.as_dict(), "summary": covered.summary(), "warning": covered.warning()}
 
 
 def _summary_line(report: dict) -> str:
