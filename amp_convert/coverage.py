@@ -227,6 +227,7 @@ def node_macs(model: onnx.ModelProto, ctx: GraphContext | None = None) -> dict[s
         # model has tens of thousands), and the lookups are a dict's.
         handled, ops, domains = _HANDLED_OPS, c.ops, c.domains
         gemms = [i for i, op in enumerate(ops) if op in handled and (domains[i], op) in _HANDLERS]
+        out[c.path] = found
         if not gemms:
             continue
         initializers = c.initializers if g is c.graph else graph_initializers(g)
@@ -237,7 +238,6 @@ def node_macs(model: onnx.ModelProto, ctx: GraphContext | None = None) -> dict[s
             macs = _HANDLERS[domains[i], ops[i]](c.nodes[i], list(map(get, c.ins[i])), list(map(get, c.outs[i])))
             if macs is not None:
                 found[i] = macs
-        out[c.path] = found
     return out
 
 

@@ -19,6 +19,7 @@ from amp_convert.coverage import coverage, node_macs
 from amp_convert.report import report_schema
 
 ZOO = Path(__file__).resolve().parents[1] / "models" / "zoo"
+PYPI = ZOO.parent / "cache" / "pypi"  # (fetched by `make test`)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -130,3 +131,14 @@ def test_a_plan_of_another_model_is_refused():
     a = convert(onnx.load(ZOO / "bert.onnx"), level="O2", check="none")
     with pytest.raises(ValueError, match="the plan is not this model's"):
         coverage(onnx.load(ZOO / "resnet50.onnx"), a.plan)
+
+
+@pytest.mark.parametrize("path", [ZOO / "controlflow.onnx", ZOO / "detector.onnx", PYPI / "silero_vad.onnx"])
+def test_models_with_subgraphs_are_covered_graph_by_graph(path):
+    if not path.is_file():
+        pytest.skip("run `make pypi-models` (make test does) to fetch the PyPI models")
+    m = onnx.load(path)  # (silero's main graph holds no GEMM; its If bodies do)
+    macs = node_macs(m)
+    result = convert(m, level="O2", check="none")
+    assert set(macs) == set(result.plan.entries)  # every graph, bodies without a GEMM too
+    assert 0 < result.coverage.low_share <= 1
