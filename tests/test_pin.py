@@ -245,7 +245,9 @@ def test_a_reference_that_cannot_run_on_the_samples_is_not_validated_again_unpin
     assert [s.name for s in find_selections(ctx)] == ["best"]  # (pinned in the candidate, which makes it too)
     candidate = convert(reference, level="O2").model
     built = []
-    monkeypatch.setattr(validate_module, "runnable", lambda *args: built.append(args[0] is reference) or runnable(*args))
+    monkeypatch.setattr(
+        validate_module, "runnable", lambda *args, **kw: built.append(args[0] is reference) or runnable(*args, **kw)
+    )
     source = make_source(reference, ranges=["row=1:2"])
     with pytest.raises(RunFailure) as failure:
         validate(reference, candidate, source, ValidationConfig(provider="cpu"))

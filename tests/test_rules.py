@@ -702,7 +702,7 @@ def test_a_pad_that_pads_with_its_data_is_not_judged_on_its_constant_value(mode,
     it (the rule followed the value through the Pad). Both run low now, and
     the result matches fp32 where every low tensor is rounded."""
     m = pads_model([mode], opset)
-    out, plan = convert(m, level="O2")
+    out, plan = convert(m, level="O2", target_provider="none")  # (CUDA's Pad kernels stop before opset 19)
     assert plan.by_name("pad0").precision is Precision.LOW and plan.by_name("pad0").rule == "follow"
     assert plan.by_name("mul0").precision is Precision.LOW and plan.by_name("mul0").rule == "follow"
     feeds = x_feed((1, 4))
