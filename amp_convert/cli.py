@@ -51,6 +51,7 @@ CONFIG_KEYS = {
     "keep_fp32",
     "force_low",
     "keep_batchnorm_fp32",
+    "fold_batchnorm",
     "io_types",
     "safety",
     "initializer_range",
@@ -255,6 +256,13 @@ def conversion_options(f):
             "--keep-batchnorm-fp32/--no-keep-batchnorm-fp32",
             default=None,
             help="Keep BatchNormalization in fp32 (default: yes at O2, no at O3). Example: --no-keep-batchnorm-fp32",
+        ),
+        click.option(
+            "--fold-batchnorm/--no-fold-batchnorm",
+            default=True,
+            show_default=True,
+            help="Fold each BatchNormalization kept fp32 into the Conv before it, in fp32, so that no Cast pair "
+            "blocks onnxruntime's fusions. Example: --no-fold-batchnorm",
         ),
     ]
     for option in reversed(options):
@@ -740,6 +748,7 @@ def _conversion_options(kw: dict) -> ConvertOptions:
         keep_fp32=tuple(kw["keep_fp32"]),
         force_low=tuple(kw["force_low"]),
         keep_batchnorm_fp32=kw["keep_batchnorm_fp32"],
+        fold_batchnorm=kw["fold_batchnorm"],
         io_types=kw["io_types"],
         safety=kw["safety"],
         initializer_range=kw["initializer_range"],

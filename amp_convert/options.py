@@ -37,6 +37,8 @@ class ConvertOptions:
     keep_fp32: tuple[str, ...] = ()  # node-name regexes
     force_low: tuple[str, ...] = ()
     keep_batchnorm_fp32: bool | None = None
+    # A BatchNormalization the level keeps fp32 is folded, in fp32, into the Conv before it (fold.py).
+    fold_batchnorm: bool = True
     io_types: str = "keep"
     # Safety rules: None = on at O1/O2 (and auto), off at O3 ("everything").
     safety: bool | None = None

@@ -28,13 +28,14 @@ from .coverage import Coverage, coverage
 from .dtypes import FLOAT
 from .errors import ConversionError
 from .external import has_external, is_external
+from .fold import FoldBatchNormalization
 from .graph import GraphContext, NameGenerator, build_context, name_in_use, names_repeat_across_graphs
-from .lists import ORT_FUSED
+from .lists import BATCHNORM, ORT_FUSED
 from .load import check_calls, check_input_model, check_versions, load_model
 from .opset import check_target_opset, upgrade_opset
 from .options import ConvertOptions
 from .ortinfer import session_types
-from .plan import Plan, make_plan
+from .plan import Plan, fp32_by_lists, make_plan
 from .rewrite import Rewriter, RewriteStats, declare_initializers
 from .safety import ConstantRanges
 from .schema import model_opsets, op_key, opset_domain, signature
@@ -179,7 +180,11 @@ def _convert(
     if note:
         notes.append(note + (f" ({options.low.name} Casts need it)" if target > (options.target_opset or 0) else ""))
         timer.lap("upgrade")
-    if ahead is not None and work is not given:  # (worked out on the model as given: taken, and left)
+    folded = _fold_batchnorm(work, options)
+    if folded:
+        notes.append(_fold_note(folded, options.effective_level))
+        timer.lap("fold")
+    if ahead is not None and (work is not given or folded):  # (worked out on the model as given: taken, and left)
         for name in AHEAD_RESULTS:
             ahead(name)
         ahead = None
@@ -201,6 +206,7 @@ def _convert(
         ranges.offer(ctx.path, lambda: fitting_facts(ahead("constants"), options.low))
     plan = make_plan(work, ctx, options, ranges, calibration)
     plan.notes[:0] = notes
+    plan.folded = [(bn, conv) for conv, bn in folded]
     covered = coverage(work, plan, ctx, options.op_lists())  # (of the model as planned: the rewrite changes it)
     timer.lap("plan")
     result = ConversionResult(work, plan, options, casts_before=casts_before, casts_after=len(input_casts), coverage=covered)
@@ -245,6 +251,40 @@ def _convert(
     timer.lap("check")
     result.timings = timer.timings
     return result
+
+
+def _fold_batchnorm(model: onnx.ModelProto, options: ConvertOptions) -> list[tuple[str, str]]:
+    """Fold the BatchNormalization nodes the level keeps fp32 into the Convs
+    before them (:class:`~amp_convert.fold.FoldBatchNormalization`), in
+    place; the (Conv, BatchNormalization) label pairs folded.
+
+    The statistics are then applied in fp32 (float64 arithmetic) as the
+    level asks, and no Cast pair around a BatchNormalization blocks
+    onnxruntime's fusions of the Conv. Left alone: nodes the user names
+    (keep_fp32, force_low, keep_fp32_nodes), and folds whose values the low
+    dtype cannot hold."""
+    level = options.effective_level
+    if not options.fold_batchnorm or level == "O0" or not fp32_by_lists(BATCHNORM, "", options.op_lists(), level):
+        return []
+    named = options.patterns("keep_fp32") + options.patterns("force_low")
+    limit = options.low.max
+
+    def skip(label: str) -> bool:
+        return label in options.keep_fp32_nodes or any(p.search(label) for p in named)
+
+    def fits(weight, bias) -> bool:
+        return float(max(abs(weight).max(initial=0), abs(bias).max(initial=0))) <= limit
+
+    return FoldBatchNormalization(skip, fits)(model).folded
+
+
+def _fold_note(folded: list[tuple[str, str]], level: str) -> str:
+    """The plan's note on the BatchNormalization nodes folded."""
+    n = len(folded)
+    return (
+        f"{n} BatchNormalization node{'s' if n != 1 else ''} folded into the Conv before {'them' if n != 1 else 'it'}, "
+        f"in fp32 ({level} keeps BatchNormalization fp32; --no-fold-batchnorm keeps the nodes)"
+    )
 
 
 def _assumed_float(options: ConvertOptions) -> frozenset[str]:

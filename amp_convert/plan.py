@@ -213,6 +213,8 @@ class Plan:
     entries: dict[str, GraphEntries] = field(default_factory=dict)  # graph path -> entries by index
     notes: list[str] = field(default_factory=list)
     hints: list[str] = field(default_factory=list)  # notes that say what to do, shown beside the command's summary
+    # Nodes folded away before planning, as (node label, label of the node it was folded into), in node order.
+    folded: list[tuple[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for path, entries in self.entries.items():  # (lists of entries given by hand)
@@ -255,6 +257,7 @@ class Plan:
             "counts": self.counts(),
             "notes": self.notes,
             "nodes": [e.as_dict() for e in self],
+            "folded": [{"node": node, "into": into} for node, into in self.folded],
         }
 
     def to_json(self) -> str:
@@ -265,6 +268,8 @@ class Plan:
         rows = [("graph", "node", "op", "precision", "reason")]
         for e in self:
             rows.append((e.graph or "main", e.name, op_key(e.op_type, e.domain), e.precision.value, e.reason))
+        for node, into in self.folded:
+            rows.append(("main", node, "BatchNormalization", "folded", f"folded into {into}, in fp32 arithmetic"))
         widths = [min(max(len(r[i]) for r in rows), 48) for i in range(4)]
         lines = []
         for r in rows:

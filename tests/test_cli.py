@@ -213,12 +213,14 @@ def test_bf16_upgrades_the_opset_only_where_there_is_float32_to_convert(tmp_path
 
 def test_list_and_rule_flags_reach_the_plan(resnet, tmp_path):
     """Each list and node-name flag, given on the command line, decides the nodes it names."""
-    plan = _planned(resnet, tmp_path, "--level", "O3", "--keep-batchnorm-fp32")
+    plan = _planned(resnet, tmp_path, "--level", "O3", "--keep-batchnorm-fp32", "--no-fold-batchnorm")
     assert _precisions(plan, "BatchNormalization") == {"fp32"}
     plan = _planned(resnet, tmp_path, "--level", "O2", "--no-keep-batchnorm-fp32")
     assert _precisions(plan, "BatchNormalization") == {"low"}
-    plan = _planned(resnet, tmp_path, "--level", "O2")
+    plan = _planned(resnet, tmp_path, "--level", "O2", "--no-fold-batchnorm")
     assert _precisions(plan, "BatchNormalization") == {"fp32"}  # keep_batchnorm_fp32 is O2's default
+    plan = _planned(resnet, tmp_path, "--level", "O2")
+    assert _precisions(plan, "BatchNormalization") == set() and len(plan[""]["folded"]) == 16  # (kept fp32: folded)
 
     plan = _planned(resnet, tmp_path, "--level", "O1", "--lists", "paddle")
     assert plan[""]["profile"] == "paddle"
@@ -240,7 +242,7 @@ def test_list_and_rule_flags_reach_the_plan(resnet, tmp_path):
     plan = _planned(resnet, tmp_path, "--only-black-list", "Conv")
     assert plan[""]["level"] == "O2" and _precisions(plan, "Conv") == {"fp32"} and plan["/fc/Gemm"]["precision"] == "low"
     assert _precisions(plan, "BatchNormalization") == {"low"}  # the list replaced: BatchNormalization is no longer on it
-    plan = _planned(resnet, tmp_path, "--only-black-list", "Conv", "--keep-batchnorm-fp32")
+    plan = _planned(resnet, tmp_path, "--only-black-list", "Conv", "--keep-batchnorm-fp32", "--no-fold-batchnorm")
     assert _precisions(plan, "BatchNormalization") == {"fp32"} and _precisions(plan, "Conv") == {"fp32"}  # unless asked
 
 
@@ -268,7 +270,10 @@ def test_explain_and_plan_json(resnet, tmp_path, capsys):
     shown = capsys.readouterr().out
     assert "/conv1/Conv" in shown and "white list" in shown
     plan = json.loads(plan_path.read_text())
-    assert plan["level"] == "O1" and len(plan["nodes"]) == len(onnx.load(str(resnet)).graph.node)
+    # every node of the model: planned, or folded into the Conv before it
+    assert plan["level"] == "O1" and len(plan["nodes"]) + len(plan["folded"]) == len(onnx.load(str(resnet)).graph.node)
+    assert {"node": "/bn1/BatchNormalization", "into": "/conv1/Conv"} in plan["folded"]
+    assert re.search(r"/bn1/BatchNormalization +BatchNormalization +folded +folded into /conv1/Conv", shown)
     conv = next(n for n in plan["nodes"] if n["name"] == "/conv1/Conv")
     assert conv["precision"] == "low" and conv["rule"] == "white-list"
 

