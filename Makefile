@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 ZOOVENV ?= .venv-zoo
+ORTZOOVENV ?= .venv-ortzoo
 
-.PHONY: setup demo test lint pypi-models browser zoo zoo-full bench bench-casts bench-convert bench-auto bench-latency fuzz clean
+.PHONY: setup demo test lint pypi-models browser zoo zoo-full zoo-ort zoo-ort-full bench bench-casts bench-convert bench-auto bench-latency fuzz clean
 
 setup: $(VENV)/.installed
 
@@ -49,6 +50,20 @@ zoo: $(ZOOVENV)/.installed
 
 zoo-full: $(ZOOVENV)/.installed
 	$(ZOOVENV)/bin/python models/build_zoo.py --full
+
+# Rebuild the committed onnxruntime-optimized transformer graphs (models/zoo/ort; CPU torch, about 1 GB).
+$(ORTZOOVENV)/.installed:
+	$(PYTHON) -m venv $(ORTZOOVENV)
+	$(ORTZOOVENV)/bin/python -m pip install -q torch==2.13.0
+	$(ORTZOOVENV)/bin/python -m pip install -q transformers onnx==1.23.2 onnxruntime==1.31.1 numpy sympy
+	touch $@
+
+zoo-ort: $(ORTZOOVENV)/.installed
+	$(ORTZOOVENV)/bin/python models/build_ort_zoo.py
+
+# The issue's sizes (4 layers, hidden 256) into models/cache/ort, for the benchmarks.
+zoo-ort-full: $(ORTZOOVENV)/.installed
+	$(ORTZOOVENV)/bin/python models/build_ort_zoo.py --full
 
 # Property-based fuzzing: thousands of random graphs at every level and dtype.
 fuzz: setup

@@ -16,6 +16,8 @@ Manifest input spec keys (one dict per graph input):
   low, high
          float: uniform in [low, high); integer: integers in [low, high)
   value  (optional) constant fill value; overrides low/high
+  arange (optional) integer start: position ids start, start+1, ... along
+         the last axis (the same in every row); overrides value and low/high
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ def make_input(spec: dict[str, Any], seed: int = 0, model_name: str = "") -> np.
     """One input array from a manifest input spec."""
     dtype = np.dtype(spec["dtype"])
     shape = tuple(int(d) for d in spec["shape"])
+    if spec.get("arange") is not None:
+        start = int(spec["arange"])
+        return np.broadcast_to(np.arange(start, start + shape[-1]), shape).astype(dtype)
     if "value" in spec and spec["value"] is not None:
         return np.full(shape, spec["value"], dtype=dtype)
     rng = np.random.default_rng(_input_seed(seed, model_name, spec["name"]))
