@@ -353,6 +353,14 @@ def cast_to(node: onnx.NodeProto) -> int:
     return 0
 
 
+def attribute_int(node: onnx.NodeProto, name: str, default: int) -> int:
+    """The value of ``node``'s integer attribute ``name``, or ``default`` where it has none."""
+    for a in node.attribute:
+        if a.name == name and a.type == onnx.AttributeProto.INT:
+            return a.i
+    return default
+
+
 def node_subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
     return attribute_subgraphs(node.attribute)
 

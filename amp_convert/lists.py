@@ -47,7 +47,6 @@ DEFAULT_WHITE: dict[str, str] = {
 
 DEFAULT_BLACK: dict[str, str] = {
     "BatchNormalization": "running variance may exceed fp16; 1/sqrt(var+eps) loses precision",
-    "LayerNormalization": "mean/variance reductions over the hidden size",
     "GroupNormalization": "mean/variance reductions",
     "InstanceNormalization": "mean/variance reductions",
     "RMSNormalization": "sum of squares over the hidden size",
@@ -103,6 +102,8 @@ DEFAULT_FOLLOW: dict[str, str] = {
             "Resize Upsample GridSample AffineGrid RoiAlign MaxRoiPool MaxUnpool"
         ),
         "pooling: max or local average, no range growth": "MaxPool AveragePool GlobalAveragePool GlobalMaxPool",
+        "normalizes with its mean and variance in float32 whatever the data's type (stash_type 1, the default; "
+        "stash_type 0 keeps it fp32)": "LayerNormalization",
         "cheap element-wise arithmetic": "Add Sub Mul Div Neg Abs Max Min Sum Mean Clip Sign Floor Ceil Round Mod Sqrt",
         "bounded or gently growing activation": (
             "Sigmoid Tanh HardSigmoid HardSwish LeakyRelu Elu Selu Celu Gelu Erf Mish Swish Softsign "

@@ -41,7 +41,7 @@ import onnx
 
 from .availability import KernelRule
 from .dtypes import FLOAT, LowDtype
-from .graph import UNTYPED, GraphContext, NodeLabels, SlotTable, cast_to, check_utf8, distinct_rows
+from .graph import UNTYPED, GraphContext, NodeLabels, SlotTable, attribute_int, cast_to, check_utf8, distinct_rows
 from .lists import (
     CONTROL_FLOW_OPS,
     CONVERTED_INPUTS,
@@ -570,7 +570,7 @@ class Planner:
             special = self._context_rule(ctx, i, node, op, domain)
             if special is not None:
                 return special
-        if self._by_kind and op != "Cast":
+        if self._by_kind and op != "Cast" and not _stash_in_data_type(op, node):
             key = (op, domain, self._float_slots[i])
             decision = self._decisions.get(key)
             if decision is None:
@@ -633,6 +633,9 @@ class Planner:
             return Precision.LOW, "auto-force-low", "auto search: runs low within tolerance", _FIXED
         if default_domain and op in SOURCE_OPS:
             return Precision.FP32, "source", "creates float data: takes the precision its consumers need", _SOURCE
+        if default_domain and _stash_in_data_type(op, node) and self.level != "O3" and key in self.lists.follow:
+            why = "stash_type 0: its mean and variance are computed in the data's type, not float32"
+            return Precision.FP32, "stash-type", why, _FIXED
         return list_rule(self.lists, self.level, key)
 
     def _listed(self, key: str) -> bool:
@@ -832,17 +835,24 @@ class Planner:
 
 
 # The ops of which some nodes are planned alone (see _planned_alone).
-_MAYBE_ALONE = frozenset({"Cast", "Constant", *PASS_THROUGH_ATTRIBUTES})
+_MAYBE_ALONE = frozenset({"Cast", "Constant", "LayerNormalization", *PASS_THROUGH_ATTRIBUTES})
+
+
+def _stash_in_data_type(op: str, node: onnx.NodeProto) -> bool:
+    """A LayerNormalization whose statistics are computed in the data's type (stash_type not 1)."""
+    return op == "LayerNormalization" and attribute_int(node, "stash_type", 1) != 1
 
 
 def _planned_alone(op: str, node: onnx.NodeProto) -> bool:
     """Whether the rules look past ``node``'s kind: at a Cast's target type,
-    a sparse Constant, a value a Pad before opset 11 holds (which the safety
-    rule judges)."""
+    a sparse Constant, a LayerNormalization's stash_type, a value a Pad
+    before opset 11 holds (which the safety rule judges)."""
     if op == "Cast":
         return True
     if op == "Constant":
         return any(a.name == "sparse_value" for a in node.attribute)
+    if op == "LayerNormalization":
+        return _stash_in_data_type(op, node)
     return held_constant(node) is not None
 
 

@@ -1,4 +1,4 @@
-"""Folding BatchNormalization into the Conv before it (fold.py) and what onnxruntime makes of the result."""
+"""Folding BatchNormalization into the Conv before it (fold.py), and what onnxruntime's fusions make of the zoo's CNNs."""
 
 from __future__ import annotations
 
@@ -152,3 +152,13 @@ def test_onnxruntime_fuses_what_is_left_as_it_does_for_the_peers(resnet, tmp_pat
     assert ours["BatchNormalization"] == peer["BatchNormalization"] == 0
     assert ours["Cast"] <= peer["Cast"]
     assert sum(ours.values()) <= sum(peer.values())
+
+
+@pytest.mark.parametrize("name", ["convnext", "mobilenetv3"])
+def test_other_cnns_leave_no_more_casts_after_onnxruntime_than_the_peer(name, tmp_path):
+    """ConvNeXt's LayerNormalization follows (its statistics stay fp32 inside): no Cast pairs around it."""
+    given = onnx.load(ZOO / f"{name}.onnx")
+    ours = _after_onnxruntime(convert(given, level="O2", check="none").model, tmp_path, "ours")
+    peer = _after_onnxruntime(float16.convert_float_to_float16(given, keep_io_types=True), tmp_path, "peer")
+    assert ours["BatchNormalization"] <= peer["BatchNormalization"]
+    assert ours["Cast"] <= peer["Cast"]

@@ -1842,3 +1842,30 @@ def test_an_upgrade_that_inference_at_the_new_opset_contradicts_is_refused_as_th
     assert out.opset_import[0].version == 12
     with pytest.raises(AmpError, match=r"upgraded from opset 12 to 22, the model fails ONNX shape inference .*node name: rs"):
         convert(m, level="O2", target_opset=22)
+
+
+@pytest.mark.parametrize("stash", [None, 1, 0])
+def test_layernorm_follows_unless_it_keeps_its_statistics_in_the_data_type(stash):
+    """LayerNormalization computes its mean and variance in float32 whatever
+    the data's type (stash_type 1, the default): it follows its input, so a
+    MatMul before it and after it need no Cast pair. With stash_type 0 the
+    statistics would be computed in fp16: it stays fp32 (below O3)."""
+    attrs = {"axis": -1, **({} if stash is None else {"stash_type": stash})}
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("LayerNormalization", ["h", "g", "b"], ["n"], name="ln", **attrs),
+        helper.make_node("MatMul", ["n", "W"], ["y"], name="mm2"),
+    ]
+    inits = [init("W", w(4, 4)), init("g", np.ones(4, np.float32)), init("b", np.zeros(4, np.float32))]
+    m = model(nodes, [value("x")], [value("y")], inits)
+    for level in ("O1", "O2"):
+        out, plan = convert(m, level=level)
+        ln = plan.by_name("ln")
+        if stash == 0:
+            assert (ln.precision, ln.rule) == (Precision.FP32, "stash-type")
+        else:
+            assert ln.precision is Precision.LOW and ln.rule == "follow"
+            assert count_casts(out) == 2  # (the model's input and output only)
+        feeds = x_feed()
+        assert close(run(m, feeds)[0], run(out, feeds)[0])
+    assert convert(m, level="O3").plan.by_name("ln").precision is Precision.LOW
