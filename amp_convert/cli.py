@@ -930,9 +930,14 @@ def compare_command(reference: Path, candidate: Path, **kw: Any) -> None:
 
 
 def _input_source(reference, kw: dict):
+    """The validation inputs; where the user gave no input option, the line
+    saying what is generated is printed."""
     from .inputs import make_source
 
-    return make_source(reference, kw["inputs"], kw["input_shape"], kw["input_range"], kw["samples"], kw["seed"])
+    source = make_source(reference, kw["inputs"], kw["input_shape"], kw["input_range"], kw["samples"], kw["seed"])
+    if not (kw["inputs"] or kw["input_shape"] or kw["input_range"] or kw["quiet"] or kw["json_out"]):
+        click.echo(source.summary())
+    return source
 
 
 def _validate(reference, candidate, source, kw: dict, plan, folder: Path | None = None, calibration=None, dtype=None):

@@ -23,6 +23,7 @@ import onnx
 from onnx import helper
 
 from .errors import AmpError
+from .input_roles import InputRole, input_roles
 
 DEFAULT_FLOAT_RANGE = (-1.0, 1.0)
 # Integer inputs are often indices (token types, positions): stay at 0/1 unless told.
@@ -80,6 +81,7 @@ class InputSource:
     notes: list[str] = field(default_factory=list)
     flag: str = "--inputs"  # the option the files came from, for messages
     dynamic: list[str] = field(default_factory=list)  # generated inputs whose dynamic dimensions were set to 1
+    roles: dict[str, InputRole] = field(default_factory=dict)  # integer inputs' roles (input_roles.py), for generating them
 
     def failure_hint(self) -> str:
         """What to try when a model fails to run on these samples: files are
@@ -104,8 +106,38 @@ class InputSource:
             "seed": self.seed,
             "shapes": {n: list(s) for n, s in self.shapes.items()},
             "ranges": {n: list(r) for n, r in self.ranges.items()},
+            "generated": self.generated(),
             "notes": self.notes,
         }
+
+    def generated(self) -> list[dict]:
+        """What generated samples hold, input by input: name, dtype, shape,
+        values (a range, "ones" or "0, 1, 2, ...") and why."""
+        rows = []
+        for spec in self.specs:
+            shape = list(self.generated_shape(spec))
+            role = self.roles.get(spec.name) if spec.name not in self.ranges else None
+            if spec.name in self.ranges:
+                low, high = self.ranges[spec.name]
+                values, why = f"[{low:g}, {high:g})", "--input-range"
+            elif role is not None and role.kind == "mask":
+                values, why = "ones", f"a mask: {role.why}"
+            elif role is not None and role.kind == "positions":
+                values, why = "0, 1, 2, ...", f"positions: {role.why}"
+            elif role is not None and role.kind == "index" and spec.dtype != np.bool_:
+                values, why = f"[0, {role.rows})", f"an index: {role.why}"
+            elif spec.dtype == np.bool_:
+                values, why = "{0, 1}", "default"
+            else:
+                low, high = DEFAULT_INT_RANGE if np.issubdtype(spec.dtype, np.integer) else DEFAULT_FLOAT_RANGE
+                values, why = f"[{low:g}, {high:g})", "default"
+            rows.append({"name": spec.name, "dtype": str(spec.dtype), "shape": shape, "values": values, "why": why})
+        return rows
+
+    def summary(self) -> str:
+        """One line on what the generated samples hold (names, shapes, values)."""
+        parts = [f"{g['name']} {g['dtype']}[{'x'.join(map(str, g['shape']))}] {g['values']}" for g in self.generated()]
+        return f"inputs: {self.samples} generated sample(s): " + "; ".join(parts)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         if self.files:
@@ -156,6 +188,15 @@ class InputSource:
 
     def _random(self, spec: InputSpec, rng: np.random.Generator) -> np.ndarray:
         shape = self.generated_shape(spec)
+        role = self.roles.get(spec.name) if spec.name not in self.ranges else None
+        if role is not None and role.kind == "mask":
+            return np.ones(shape, dtype=spec.dtype)
+        if role is not None and role.kind == "positions":
+            count = np.arange(shape[-1] if shape else 1) % (role.rows or np.iinfo(spec.dtype).max)
+            return np.broadcast_to(count.reshape(shape[-1:]), shape).astype(spec.dtype)
+        if role is not None and role.kind == "index" and spec.dtype != np.bool_:
+            high = min(role.rows, int(np.iinfo(spec.dtype).max) + 1)
+            return rng.integers(0, high, size=shape, dtype=np.int64).astype(spec.dtype)
         if spec.dtype == np.bool_:
             return rng.integers(0, 2, size=shape).astype(np.bool_)
         if np.issubdtype(spec.dtype, np.integer):
@@ -310,6 +351,7 @@ def make_source(
     files = _expand_files(inputs, flag)
     source = InputSource(specs, files, shape_map, range_map, samples, seed, flag=flag)
     if not files:
+        source.roles = input_roles(model)
         for spec in specs:
             shape = source.generated_shape(spec)
             if math.prod(shape) > MAX_GENERATED_ELEMENTS:

@@ -1,0 +1,150 @@
+"""What a model's integer inputs are for, read from the graph: the values generated inputs take.
+
+Random integers in [0, 2) are meaningless for most integer inputs of the
+models people convert: a random 0/1 attention mask masks whole rows, and
+token ids should range over the embedding table. The role of an integer
+(or bool) graph input comes from what it feeds, following it through ops
+that carry its values on (Cast, Unsqueeze, Reshape, Expand, Sub, Mul, ...):
+
+* **mask** (all ones): it reaches an attention op's mask input (mask_index,
+  key_padding_mask, attention_bias, ...; onnxruntime's attention family and
+  ONNX's Attention) or EmbedLayerNormalization's mask;
+* **positions** (0, 1, 2, ... along the last axis, within the table they
+  index): it reaches RotaryEmbedding's or EmbedLayerNormalization's
+  position_ids, or it indexes a table (below) and its name says positions
+  ("position_ids", "pos"); renamed, such an input is still drawn within
+  the table;
+* **index** (integers in [0, rows)): it is the indices of a Gather whose
+  data is a constant table (an embedding), or EmbedLayerNormalization's
+  input_ids / segment_ids: rows is the smallest such table's size;
+* **mask**, again: it reaches a Softmax (an additive mask added to the
+  scores) and none of the rules above holds.
+
+The first rule that holds wins, in that order. An input none of them holds
+for keeps the default range.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+
+import onnx
+
+from .graph import graph_initializers
+
+# Ops that carry an input's values on to their outputs (possibly changed):
+# what they feed is what the input feeds.
+_CARRIERS = frozenset(
+    {
+        *("Cast", "CastLike", "Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Expand", "Transpose"),
+        *("Slice", "Concat", "Tile", "Sub", "Add", "Mul", "Div", "Neg", "Not", "Equal", "Less", "Greater"),
+        *("And", "Or", "Where", "Min", "Max", "Clip"),
+    }
+)
+# (domain, op) -> {input slot: role}, for the ops whose slots say what they read.
+_SLOTS: dict[tuple[str, str], dict[int, str]] = {
+    ("com.microsoft", "Attention"): {3: "mask", 5: "mask"},
+    ("com.microsoft", "MultiHeadAttention"): {4: "mask", 5: "mask"},
+    ("com.microsoft", "PackedAttention"): {5: "mask"},
+    ("com.microsoft", "PackedMultiHeadAttention"): {6: "mask"},
+    ("com.microsoft", "DecoderMaskedMultiHeadAttention"): {3: "mask", 4: "mask"},
+    ("com.microsoft", "DecoderMaskedSelfAttention"): {3: "mask", 5: "mask"},
+    ("com.microsoft", "DecoderAttention"): {5: "mask"},
+    ("com.microsoft", "LongformerAttention"): {3: "mask"},
+    ("com.microsoft", "EmbedLayerNormalization"): {0: "index", 1: "index", 7: "mask", 8: "positions"},
+    ("com.microsoft", "RotaryEmbedding"): {1: "positions"},
+    ("", "Attention"): {3: "mask"},
+    ("", "Softmax"): {0: "softmax"},
+}
+# The table an index or positions slot ranges over: (domain, op) -> {slot: table slot}.
+_TABLES = {
+    ("com.microsoft", "EmbedLayerNormalization"): {0: 2, 1: 4, 8: 3},
+    ("com.microsoft", "RotaryEmbedding"): {1: 2},  # (cos_cache: one row per position)
+}
+_POSITION_NAME = re.compile(r"(^|[^a-z])pos(ition)?s?([^a-z]|ids|$)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class InputRole:
+    """What an input is for: ``kind`` is "mask", "positions" or "index";
+    ``rows`` the table size an index ranges over (None for the others);
+    ``why`` the node that shows it."""
+
+    kind: str
+    why: str
+    rows: int | None = None
+
+
+def input_roles(model: onnx.ModelProto) -> dict[str, InputRole]:
+    """The role of each integer or bool input of ``model``'s main graph that
+    one of the module's rules gives one (see the module's docstring)."""
+    graph = model.graph
+    tables = {name: tuple(t.dims) for name, t in graph_initializers(graph).items()}
+    for node in graph.node:  # (a Constant node's value is a table too)
+        if node.op_type == "Constant" and node.output:
+            for a in node.attribute:
+                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                    tables[node.output[0]] = tuple(a.t.dims)
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            if name:
+                readers[name].append((node, k))
+    integer = {onnx.TensorProto.BOOL, *(t for t in range(1, 17) if onnx.helper.tensor_dtype_to_np_dtype(t).kind in "iu")}
+    found = {}
+    for v in graph.input:
+        if v.name in tables or v.type.tensor_type.elem_type not in integer:
+            continue
+        role = _role(v.name, readers, tables)
+        if role is not None:
+            found[v.name] = role
+    return found
+
+
+def _role(name: str, readers, tables: dict[str, tuple[int, ...]]) -> InputRole | None:
+    """The role of the tensor ``name`` from what it reaches (see the module's docstring)."""
+    reached: dict[str, InputRole] = {}
+    seen, frontier = {name}, [name]
+    while frontier:
+        tensor = frontier.pop()
+        for node, k in readers.get(tensor, ()):
+            label = f"{node.op_type} {node.name!r}" if node.name else node.op_type
+            domain = "" if node.domain in ("", "ai.onnx") else node.domain
+            slot_role = _SLOTS.get((domain, node.op_type), {}).get(k)
+            table_slot = _TABLES.get((domain, node.op_type), {}).get(k)
+            table = node.input[table_slot] if table_slot is not None and table_slot < len(node.input) else ""
+            rows = (tables.get(table) or (None,))[0] if table else None
+            if slot_role == "index":
+                if rows:
+                    _keep_smallest(reached, InputRole("index", f"indexes the rows of {table!r} ({label})", rows))
+            elif slot_role is not None:
+                reached.setdefault(slot_role, InputRole(slot_role, f"reaches input {k} of {label}", rows or None))
+            elif node.op_type == "Gather" and domain == "" and k == 1 and node.input[0] in tables:
+                dims = tables[node.input[0]]
+                axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                if dims and -len(dims) <= axis < len(dims) and dims[axis] > 0:
+                    why = f"indexes the rows of {node.input[0]!r} ({label})"
+                    _keep_smallest(reached, InputRole("index", why, dims[axis]))
+            elif node.op_type in _CARRIERS and domain == "":
+                for out in node.output:
+                    if out and out not in seen:
+                        seen.add(out)
+                        frontier.append(out)
+    if "mask" in reached or "positions" in reached:
+        return reached.get("mask") or reached["positions"]
+    index = reached.get("index")
+    if index is not None:
+        if _POSITION_NAME.search(name):
+            return InputRole("positions", f"its name says positions, and it {index.why}", index.rows)
+        return index
+    softmax = reached.get("softmax")
+    return None if softmax is None else InputRole("mask", softmax.why)
+
+
+def _keep_smallest(reached: dict[str, InputRole], role: InputRole) -> None:
+    """Keep the index role with the fewest rows: every table it indexes must hold its values."""
+    held = reached.get("index")
+    if held is None or (role.rows or 0) < (held.rows or 0):
+        reached["index"] = role

@@ -1,0 +1,63 @@
+"""Generated validation inputs that mean something: an integer input's role (mask, positions,
+token ids) comes from what the graph does with it (input_roles.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+
+from amp_convert.input_roles import input_roles
+from amp_convert.inputs import make_source
+from models.zoo_inputs import load_manifest
+
+MODELS = {
+    e["name"]: e for e in load_manifest(str(Path(__file__).resolve().parents[1] / "models" / "zoo" / "ort" / "manifest.json"))
+}
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("amp-convert")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600)
+
+
+def test_integer_inputs_get_their_role_from_what_they_feed():
+    """Token ids range over the embedding table, masks are all ones and positions count up."""
+    roles = {name: {k: (r.kind, r.rows) for k, r in input_roles(onnx.load(e["path"])).items()} for name, e in MODELS.items()}
+    assert roles["llama"] == {"input_ids": ("index", 512), "position_ids": ("positions", 128), "attention_mask": ("mask", None)}
+    assert roles["bert"]["attention_mask"] == ("mask", None) and roles["bert"]["token_type_ids"] == ("index", 2)
+    assert roles["gpt2_past"]["position_ids"][0] == "positions"
+
+
+def test_generated_samples_hold_those_values_and_the_command_says_so(tmp_path):
+    path, report = MODELS["gpt2_past"]["path"], tmp_path / "r.json"
+    proc = _cli(path, "--level", "O2", "-o", str(tmp_path / "o.onnx"), "--report", str(report))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [line] = [x for x in proc.stdout.splitlines() if x.startswith("inputs: ")]
+    assert "attention_mask int64[1x1] ones" in line and "input_ids int64[1x1] [0, 512)" in line
+    generated = {g["name"]: g for g in json.loads(report.read_text())["inputs"]["generated"]}
+    assert generated["attention_mask"]["values"] == "ones" and generated["position_ids"]["values"] == "0, 1, 2, ..."
+    source = make_source(onnx.load(path), shapes=["input_ids=1x4", "attention_mask=1x16", "position_ids=1x4"])
+    sample = next(iter(source))
+    assert (sample["attention_mask"] == 1).all() and sample["position_ids"].tolist() == [[0, 1, 2, 3]]
+    assert sample["input_ids"].min() >= 0 and sample["input_ids"].max() < 512
+    # a range the user gives wins over the role
+    ranged = make_source(onnx.load(path), ranges=["attention_mask=0:2"], seed=3)
+    assert [g["why"] for g in ranged.generated() if g["name"] == "attention_mask"] == ["--input-range"]
+    # with input options given, no line
+    proc = _cli(path, "--level", "O2", "-o", str(tmp_path / "o2.onnx"), "--input-shape", "input_ids=1x2")
+    assert proc.returncode == 0 and not any(x.startswith("inputs: ") for x in proc.stdout.splitlines())
+
+
+def test_input_roles_hold_when_the_inputs_are_renamed():
+    model = onnx.load(MODELS["llama"]["path"])
+    renames = {"attention_mask": "m", "position_ids": "p", "input_ids": "t"}
+    for v in model.graph.input:
+        v.name = renames.get(v.name, v.name)
+    for node in model.graph.node:
+        node.input[:] = [renames.get(x, x) for x in node.input]
+    roles = {k: r.kind for k, r in input_roles(model).items()}
+    assert roles == {"m": "mask", "p": "positions", "t": "index"}  # (positions: it reaches RotaryEmbedding)
