@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 ZOOVENV ?= .venv-zoo
 ORTZOOVENV ?= .venv-ortzoo
 
-.PHONY: setup demo test lint pypi-models browser zoo zoo-full zoo-ort zoo-ort-full bench bench-casts bench-convert bench-auto bench-latency fuzz clean
+.PHONY: setup demo test lint pypi-models browser zoo zoo-full zoo-ort zoo-ort-full bench bench-casts bench-ort bench-convert bench-auto bench-latency fuzz clean
 
 setup: $(VENV)/.installed
 
@@ -70,7 +70,7 @@ fuzz: setup
 	AMP_FUZZ_EXAMPLES=$${AMP_FUZZ_EXAMPLES:-5000} $(BIN)/python -m pytest -q tests/test_fuzz.py -k "random_graphs or random_options"
 
 # Every benchmark; each prints its tables (figures in BENCHMARKS.md).
-bench: bench-casts bench-convert bench-auto bench-latency
+bench: bench-casts bench-ort bench-convert bench-auto bench-latency
 
 bench-casts: setup pypi-models
 	$(BIN)/python scripts/bench_casts.py
@@ -79,6 +79,11 @@ bench-casts: setup pypi-models
 # The peers given amp-convert's O2 black list are quadratic: expect several 300 s timeouts (about an hour in all).
 bench-convert: setup pypi-models
 	$(BIN)/python scripts/bench_convert.py --kinds transformer,conv --big --zoo --timeout 300 --repeat 3
+
+# onnxruntime-optimized transformer graphs and CNN fusions against onnxruntime's converter and onnxconverter-common
+# (full-size graphs too where `make zoo-ort-full` built them).
+bench-ort: setup
+	$(BIN)/python scripts/bench_ort.py
 
 bench-auto: setup pypi-models
 	$(BIN)/python scripts/bench_auto.py

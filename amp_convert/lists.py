@@ -401,6 +401,13 @@ PASS_THROUGH_ATTRIBUTES: dict[str, str] = {"Pad": "value"}
 # values neither reach the output nor keep the node fp32 there.
 CONSTANT_MODE_INPUTS: dict[str, int] = {"Pad": 2}
 
+# Attention inputs (by their schema names: onnxruntime's attention family,
+# ONNX's Attention) that carry an additive mask. Their very negative values
+# (float32's lowest: a framework's stand-in for -inf) only zero a
+# probability, which the low dtype's -inf or lowest value does as well: the
+# range rules do not keep the attention op fp32 for them.
+ATTENTION_MASK_INPUTS = frozenset({"attention_bias", "attn_mask"})
+
 LEVELS = ("O0", "O1", "O2", "O3")
 PROFILES = ("default", "mindspore", "paddle")
 

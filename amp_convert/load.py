@@ -30,7 +30,7 @@ import onnx.shape_inference
 from .errors import AmpError
 from .external import all_tensors, attribute_tensors, element_count, external_info, inline_external
 from .graph import Call, NodeLabels, Subgraph, local_functions, reached_calls
-from .ortschema import check_with_extras
+from .ortschema import check_with_extras, declare_domains
 from .schema import model_opsets
 
 MIN_IR_VERSION = 3
@@ -572,14 +572,38 @@ def check_input_model(model: onnx.ModelProto | bytes | str, label: str, *, full_
 
         model = checkable(model)
     try:  # (onnxruntime's own ops are checked against its schemas, not refused)
-        check_with_extras(
-            lambda: onnx.checker.check_model(model, full_check=full_check), model if isinstance(model, onnx.ModelProto) else None
-        )
+        try:
+            _check_known(model, full_check)
+        except onnx.checker.ValidationError as e:
+            declared = _with_declared_domains(model) if "No opset import for domain" in str(e) else None
+            if declared is None:
+                raise
+            _check_known(declared, full_check)  # (as onnxruntime loads it, and as the pipeline converts it)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError, RuntimeError) as e:
         what = "fails ONNX shape inference" if isinstance(e, onnx.shape_inference.InferenceError) else "fails the ONNX checker"
         if isinstance(e, UnicodeDecodeError):  # the checker's message quotes a name that is not UTF-8
             raise AmpError(f"{label}: the input model {what} on a name that is not UTF-8 (a corrupt file?)") from None
         raise AmpError(f"{label}: the input model {what}: {_detail(e)} ({_REEXPORT})") from None
+
+
+def _check_known(model: onnx.ModelProto | bytes | str, full_check: bool) -> None:
+    """onnx's checker, knowing onnxruntime's ops."""
+    check_with_extras(
+        lambda: onnx.checker.check_model(model, full_check=full_check), model if isinstance(model, onnx.ModelProto) else None
+    )
+
+
+def _with_declared_domains(model: onnx.ModelProto | bytes | str) -> onnx.ModelProto | None:
+    """A copy of ``model`` with the opset imports onnxruntime assumes
+    (:func:`~amp_convert.ortschema.declare_domains`), or None where it lacks none."""
+    if isinstance(model, onnx.ModelProto):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+    elif isinstance(model, bytes):
+        copy = onnx.load_model_from_string(model)
+    else:
+        copy = onnx.load(model, load_external_data=False)
+    return copy if declare_domains(copy) else None
 
 
 # ----------------------------------------------------------- external data

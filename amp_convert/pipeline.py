@@ -35,6 +35,7 @@ from .load import check_calls, check_input_model, check_versions, load_model
 from .opset import check_target_opset, upgrade_opset
 from .options import ConvertOptions
 from .ortinfer import session_types
+from .ortschema import declare_domains
 from .plan import Plan, fp32_by_lists, make_plan
 from .rewrite import Rewriter, RewriteStats, declare_initializers
 from .safety import ConstantRanges
@@ -172,7 +173,7 @@ def _convert(
 ) -> ConversionResult:
     work = model if in_place and isinstance(model, onnx.ModelProto) else load_input(model)
     timer.lap("load")
-    notes = []
+    notes = declare_domains(work)
     check_target_opset(work, options.target_opset)
     target = max(options.target_opset or 0, _cast_opset(work, options))
     given = work

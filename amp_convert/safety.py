@@ -15,6 +15,7 @@ import mmap
 import pickle
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -26,7 +27,7 @@ from .dtypes import LowDtype
 from .errors import AmpError
 from .external import read_array
 from .graph import GraphContext
-from .lists import CONSTANT_MODE_INPUTS, PASS_THROUGH_ATTRIBUTES, PASS_THROUGH_OPS, VALUE_ATTRIBUTE_OPS
+from .lists import ATTENTION_MASK_INPUTS, CONSTANT_MODE_INPUTS, PASS_THROUGH_ATTRIBUTES, PASS_THROUGH_OPS, VALUE_ATTRIBUTE_OPS
 
 if TYPE_CHECKING:  # (calibration runs onnxruntime: its module is loaded where it is used)
     from .calibrate import Calibration
@@ -388,9 +389,10 @@ class ConstantRanges:
         suspects = self.suspects(ctx, low)
         verdicts = self._verdicts[ctx.path, low.key]
         inputs, unused = ctx.ins[i], unused_slot(ctx.ops[i], ctx.nodes[i])
+        masks = mask_slots(ctx.ops[i], ctx.domains[i]) if "Attention" in ctx.ops[i] else frozenset()
         for slot in low_inputs:
             name = inputs[slot]
-            if name not in suspects or slot == unused or name in self.unused(ctx):
+            if name not in suspects or slot == unused or slot in masks or name in self.unused(ctx):
                 continue
             verdict = verdicts.get(name, _UNJUDGED)
             if verdict is _UNJUDGED:
@@ -486,6 +488,23 @@ def unused_slot(op: str, node: onnx.NodeProto) -> int | None:
     or None."""
     slot = CONSTANT_MODE_INPUTS.get(op)
     return None if slot is None or _in_constant_mode(node) else slot
+
+
+@cache
+def mask_slots(op: str, domain: str) -> frozenset[int]:
+    """The inputs of ``op`` (of ``domain``) that carry an additive attention
+    mask (``ATTENTION_MASK_INPUTS``, by the newest schema's input names):
+    the range rules do not judge them."""
+    from . import ortschema
+
+    versions = ortschema.extra_schemas().get(("" if domain in ("", "ai.onnx") else domain, op), ())
+    if versions:
+        names = [p.name for p in versions[-1].inputs]
+    elif domain in ("", "ai.onnx") and onnx.defs.has(op):
+        names = [p.name for p in onnx.defs.get_schema(op).inputs]
+    else:
+        return frozenset()
+    return frozenset(k for k, name in enumerate(names) if name in ATTENTION_MASK_INPUTS)
 
 
 def unused_values(ctx: GraphContext, low_ins: list[tuple[int, ...]] | None = None) -> set[str]:
@@ -613,14 +632,16 @@ def data_range_problem(
     """Calibrated rule: a node whose float inputs or outputs reached more than
     ``data_max`` in magnitude in the fp32 run stays fp32 (main graph only:
     calibration sees the main graph's tensors). An input the node does not
-    read in its mode (see :func:`unused_slot`) is not judged, nor one in
-    ``unused`` (the graph's :func:`unused_values`), nor a pass-through op's
-    output there (it holds what the op passes on)."""
+    read in its mode (see :func:`unused_slot`) is not judged, nor an
+    attention mask (see :func:`mask_slots`), nor one in ``unused`` (the
+    graph's :func:`unused_values`), nor a pass-through op's output there
+    (it holds what the op passes on)."""
     if calibration is None or ctx.parent is not None:
         return None
     worst, where = 0.0, ""
     slot = unused_slot(node.op_type, node)
-    inputs = [name for k, name in enumerate(node.input) if k != slot and name not in unused]
+    masks = mask_slots(node.op_type, node.domain) if "Attention" in node.op_type else frozenset()
+    inputs = [name for k, name in enumerate(node.input) if k != slot and k not in masks and name not in unused]
     outputs = [name for name in node.output if node.op_type not in PASS_THROUGH_OPS or name not in unused]
     for name in (*inputs, *outputs):
         value = calibration.abs_max(name) if name else None
