@@ -78,15 +78,22 @@ class NodeError:
     precision: str
     error_before: float
     error_after: float
+    # For a node that reads no other node's output and no graph input (a
+    # Constant): the error its rounding brings to its readers' outputs (see
+    # _reaching), else None.
+    reaching: float | None = None
 
     @property
     def added(self) -> float:
-        """Error this node adds over its worst input; a non-finite (Inf or
-        NaN) result counts as infinite, after finite inputs only."""
+        """Error this node adds over its worst input (for a node fed by
+        constants alone, what it brings to its readers); a non-finite (Inf
+        or NaN) result counts as infinite, after finite inputs only."""
         if not math.isfinite(self.error_before):
             return 0.0
         if not math.isfinite(self.error_after):
             return math.inf
+        if self.reaching is not None:
+            return self.reaching
         return max(self.error_after - self.error_before, 0.0)
 
     @property
@@ -529,12 +536,18 @@ def _node_errors(ref_ctx, cand_ctx, stats: dict[str, ErrorStats | SequenceStats]
     were measured), in topological order."""
     error = {name: s.relative_rms for name, s in stats.items()}
     planned = {e.name: e.precision.value for e in plan.entries.get("", [])} if plan is not None else {}
+    readers: dict[str, list[int]] = {}
+    for i, node in enumerate(ref_ctx.nodes):
+        for x in node.input:
+            readers.setdefault(x, []).append(i)
     nodes = []
     for i, node in enumerate(ref_ctx.nodes):
         after = [error[o] for o in node.output if o in error]
         if not after:
             continue
         before = [error[x] for x in node.input if x in error]
+        fed = any(x in ref_ctx.producer or x in ref_ctx.input_set for x in node.input if x)
+        reaching = None if fed else _reaching(ref_ctx, node, stats, readers)
         label = ref_ctx.node_label(i)
         if label in planned:
             precision = planned[label]
@@ -549,6 +562,42 @@ def _node_errors(ref_ctx, cand_ctx, stats: dict[str, ErrorStats | SequenceStats]
                 precision,
                 max(before, default=0.0),
                 max(after),
+                reaching,
             )
         )
     return nodes
+
+
+# Readers through which an operand's relative error reaches the output as it is.
+_RELATIVE_READERS = frozenset({"Mul", "Div", "MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "Reciprocal", "Pow"})
+
+
+def _reaching(ref_ctx, node: onnx.NodeProto, stats: dict[str, ErrorStats | SequenceStats], readers: dict) -> float:
+    """What the rounding of a node fed by constants alone (a Constant)
+    brings to the outputs of the nodes reading it, the most of them: its
+    relative error through a reader that multiplies by it (Mul, MatMul,
+    ...), else (an Add of an epsilon, of a tiny constant) its error as a
+    share of the reader's output, which its small values leave negligible."""
+    worst = 0.0
+    for out in node.output:
+        own = stats.get(out)
+        if own is None:
+            continue
+        rel = own.relative_rms
+        for j in readers.get(out, ()):
+            reader = ref_ctx.nodes[j]
+            if reader.op_type in _RELATIVE_READERS:
+                worst = max(worst, rel)
+                continue
+            measured = [stats[o] for o in reader.output if o in stats]
+            scale = max((_rms(s) for s in measured), default=0.0)
+            worst = max(worst, rel if scale == 0 else rel * min(1.0, _rms(own) / scale))
+        if not readers.get(out):
+            worst = max(worst, rel)
+    return worst
+
+
+def _rms(stats: ErrorStats | SequenceStats) -> float:
+    """Root mean square of the reference's values (0 where unknown)."""
+    count, total = getattr(stats, "count", 0), getattr(stats, "sum_sq_ref", 0.0)
+    return math.sqrt(total / count) if count and math.isfinite(total) else 0.0

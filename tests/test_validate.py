@@ -1407,3 +1407,48 @@ def test_an_fp32_model_onnxruntime_cannot_load_at_all_is_its_own_failure_without
     with pytest.raises(LoadFailure, match="IR version") as failure:
         runnable(m, None, "cpu", "auto", (), None, "reference")
     assert type(failure.value) is LoadFailure and failure.value.role == "reference" and twins == []
+
+
+def test_a_constant_ranks_by_the_error_it_brings_to_its_readers_not_its_own(tmp_path):
+    """An RMSNorm's epsilon (1e-6) and a tiny added constant (-2.65e-6) round
+    by over 1% of their own values in fp16, far more than any MatMul adds;
+    added to values of order 1 that rounding does not reach the outputs, so
+    they do not rank as offenders. A scale the data is multiplied by does."""
+    rng = np.random.default_rng(0)
+    k = 64
+
+    def const(name: str, v) -> onnx.NodeProto:
+        return helper.make_node(
+            "Constant", [], [name], name=f"{name}_c", value=onnx.numpy_helper.from_array(np.array(v, np.float32))
+        )
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"),
+        helper.make_node("Mul", ["h", "h"], ["sq"], name="sq"),
+        helper.make_node("ReduceMean", ["sq"], ["ms"], name="mean", axes=[-1]),
+        const("eps", 1e-6),
+        helper.make_node("Add", ["ms", "eps"], ["mse"], name="add_eps"),
+        helper.make_node("Sqrt", ["mse"], ["rms"], name="sqrt"),
+        helper.make_node("Div", ["h", "rms"], ["n"], name="norm"),
+        const("tiny", [-2.65e-6]),
+        helper.make_node("Add", ["n", "tiny"], ["nt"], name="add_tiny"),
+        const("scale", 0.1234567),
+        helper.make_node("Mul", ["nt", "scale"], ["ns"], name="scale_mul"),
+        helper.make_node("MatMul", ["ns", "W2"], ["y"], name="mm2"),
+    ]
+    inits = [init("W1", rng.normal(0, 0.2, (k, k)).astype(np.float32)), init("W2", rng.normal(0, 0.2, (k, k)).astype(np.float32))]
+    m = model(nodes, [value("x", shape=(4, k))], [value("y", shape=(4, k))], inits, opset=17)
+    path, report = tmp_path / "rms.onnx", tmp_path / "r.json"
+    onnx.save(m, str(path))
+    proc = cli(str(path), "--level", "O3", "-o", str(tmp_path / "o.onnx"), "--report", str(report), "--write-on-fail")
+    assert proc.returncode in (0, 1), proc.stderr
+    v = json.loads(report.read_text())["validation"]
+    nodes_by_name = {n["name"]: n for n in v["nodes"]}
+    matmul = max(nodes_by_name[n]["error_added"] for n in ("mm1", "mm2"))
+    for name in ("eps_c", "tiny_c"):
+        own = nodes_by_name[name]
+        assert own["error_after"] > 10 * matmul  # (its own rounding is large ...)
+        assert own["error_added"] < matmul / 10  # (... what reaches its reader is not)
+    offenders = [o["name"] for o in v["offenders"]]
+    assert "eps_c" not in offenders[:3] and "tiny_c" not in offenders[:3]
+    assert nodes_by_name["scale_c"]["error_added"] == nodes_by_name["scale_c"]["error_after"]  # (multiplied by: as it is)
