@@ -10,8 +10,10 @@ nodes back in halves, least harmful first, and keeps what still passes.
 run the fp32 nodes low, heaviest compute first, in halves (an
 ``--only-white-list`` or ``--only-black-list`` grows from the level it
 converts as, O1 or O2). Every trial
-counts against ``--max-trials``; the best passing trial wins (the fp32
-model itself if none passes). Inputs are seeded, so the search is
+counts against ``--max-trials``; the best passing trial wins. Where none
+passes, the failing trial closest to passing (the fewest outputs failing,
+then the most compute low) is the result, and it fails: an fp32 model is
+never handed back as a success. Inputs are seeded, so the search is
 deterministic.
 """
 
@@ -68,11 +70,11 @@ def trials_phrase(n: int) -> str:
 @dataclass
 class AutoResult:
     conversion: ConversionResult
-    validation: ValidationResult | None  # None: no trial passed, the fp32 model is returned
+    validation: ValidationResult  # the chosen trial's; it fails where no trial passed (the closest is chosen)
     trials: list[Trial] = field(default_factory=list)
     start: str = "O3"
     seconds: float = 0.0
-    chosen: int = 0  # trial number of the result (0: the fp32 fallback)
+    chosen: int = 0  # trial number of the result
 
     @property
     def low_compute(self) -> float:
@@ -177,6 +179,8 @@ class AutoSearch:
         self.weights = compute_weights(reference, calibration)
         self.trials: list[Trial] = []
         self.best: tuple[float, ConversionResult, ValidationResult, int] | None = None
+        # The failing trial closest to passing: (failing outputs, -low compute), result, validation, number.
+        self.closest: tuple[tuple[int, float], ConversionResult, ValidationResult, int] | None = None
 
     @property
     def safety(self) -> bool:
@@ -222,6 +226,10 @@ class AutoSearch:
             self.on_trial(trial)
         if validation.passed and (self.best is None or fraction > self.best[0]):
             self.best = (fraction, result, validation, trial.number)
+        if not validation.passed:
+            failing = sum(bool(o.verdict(validation.tolerance)) for o in validation.outputs)
+            if self.closest is None or (failing, -fraction) < self.closest[0]:
+                self.closest = ((failing, -fraction), result, validation, trial.number)
         return result, validation
 
     def keep_worst(self, level: str, result, validation, kept: list[str]):
@@ -325,7 +333,9 @@ def auto_convert(
     external_dir: str | os.PathLike | None = None,
 ) -> AutoResult:
     """Search for the assignment with the most low-precision compute that
-    passes validation, in at most ``max_trials`` conversions + validations.
+    passes validation, in at most ``max_trials`` conversions + validations;
+    where none passes, the result is the closest failing one (its
+    validation fails).
     ``start``: O1 or O2 to grow from that level (default: see :meth:`ConvertOptions.auto_start`).
     The chosen model is loaded as written (see :meth:`Validator.as_written`):
     onnxruntime's refusal of it is a :class:`~amp_convert.errors.RefusedAsWritten`."""
@@ -336,13 +346,8 @@ def auto_convert(
         search.from_o3()
     else:
         search.from_level(start)
-    if search.best is None:
-        fp32 = replace(options, level="O0", only_white_list=None, only_black_list=None)  # (O0 takes no list)
-        fallback = convert(reference, fp32.validated(), check=check, external_dir=external_dir)
-        tried = trials_phrase(len(search.trials))
-        fallback.plan.notes.append(f"auto: no assignment met the tolerance in {tried}; the model stays fp32")
-        return AutoResult(fallback, None, search.trials, start, time.perf_counter() - began, chosen=0)
-    _, result, validation, number = search.best
+    passed = search.best is not None
+    _, result, validation, number = search.best if passed else search.closest
     if config.per_node is not False and not validation.nodes:
         # The trials that passed ran without the per-node diff: the chosen model's report gets it, as any
         # conversion's (its verdict stays the one the search judged by).
@@ -357,5 +362,11 @@ def auto_convert(
         written = search.validator.as_written(result.model)
         validation.kernel_note = written.note if written is not None else ""
     result.plan.level = "auto"
-    result.plan.notes.append(f"auto: trial {number} of {len(search.trials)} chosen (start {start})")
+    if passed:
+        result.plan.notes.append(f"auto: trial {number} of {len(search.trials)} chosen (start {start})")
+    else:
+        result.plan.notes.append(
+            f"auto: no assignment met the tolerance in {trials_phrase(len(search.trials))}; trial {number}, the closest "
+            f"(the fewest outputs failing, then the most compute low), is the result, and fails (start {start})"
+        )
     return AutoResult(result, validation, search.trials, start, time.perf_counter() - began, chosen=number)

@@ -882,9 +882,10 @@ def _auto(reference, options: ConvertOptions, start: str, source, calibration, k
         target_provider=options.target_provider,
     )
     searched = auto_convert(reference, options, source, config, calibration, kw["max_trials"], start, kw["check"], show, folder)
-    if searched.validation is None and not kw["quiet"] and not kw["json_out"]:
+    if not searched.validation.passed and not kw["quiet"] and not kw["json_out"]:
         click.echo(
-            f"auto: no low-precision assignment met the tolerance in {len(searched.trials)} trials; writing the fp32 model"
+            f"auto: no low-precision assignment met the tolerance in {searched.tried}; "
+            f"the closest, trial {searched.chosen}, fails as shown (--write-on-fail writes it)"
         )
     return searched
 

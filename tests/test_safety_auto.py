@@ -418,17 +418,21 @@ def test_auto_passes_on_zoo_models_with_most_compute_low(name):
     assert searched.conversion.plan.level == "auto"
 
 
-def test_auto_falls_back_to_fp32_and_says_so_when_no_trial_passes(tmp_path):
+def test_auto_hands_back_the_closest_failing_assignment_when_no_trial_passes(tmp_path):
     """Without pinned choices, after NonMaxSuppression any rounding upstream
     may swap boxes: no low-precision assignment meets the default
-    tolerance, and auto says so."""
+    tolerance. The result is the failing trial closest to passing, and it
+    fails (it once was the fp32 model, handed back as a success)."""
     reference = onnx.load(ZOO["detector"]["path"])
     searched = _auto(
         "detector", reference, manifest_source(ZOO["detector"], reference, samples=1), config=replace(CPU, pin_choices=False)
     )
-    assert searched.validation is None and searched.chosen == 0 and len(searched.trials) == 12
-    assert all(e.precision is not Precision.LOW for e in searched.conversion.plan)
-    assert any("no assignment met the tolerance" in n for n in searched.conversion.plan.notes)
+    assert not searched.validation.passed and len(searched.trials) == 12 and not any(t.passed for t in searched.trials)
+    chosen = searched.trials[searched.chosen - 1]
+    failing = sum(bool(o.verdict(searched.validation.tolerance)) for o in searched.validation.outputs)
+    assert failing >= 1 and chosen.low_compute == searched.low_compute > 0
+    assert any(e.precision is Precision.LOW for e in searched.conversion.plan)
+    assert any("no assignment met the tolerance" in n and "fails" in n for n in searched.conversion.plan.notes)
 
 
 def _loop_overflow(*between: onnx.NodeProto) -> onnx.ModelProto:
@@ -547,19 +551,24 @@ def test_auto_bf16_below_opset_22_says_the_upgrade_that_would_run_the_convs_low(
         assert data["auto"]["low_compute"] > 0.9 and hints == []
 
 
-def test_auto_cli_writes_the_fp32_model_and_reports_it_when_no_trial_passes(tmp_path):
-    """No error at all is tolerated: no low-precision trial passes, and the
-    command writes the fp32 model, saying so (it was an internal error)."""
+def test_auto_cli_fails_when_no_trial_passes_and_writes_the_closest_only_when_asked(tmp_path):
+    """No error at all is tolerated: no low-precision trial passes. The
+    command exits 1 naming the outputs that fail, writes nothing, and with
+    --write-on-fail writes the closest assignment, not an fp32 model."""
     source = tmp_path / "lstm.onnx"
     onnx.save(onnx.load(ZOO["lstm"]["path"]), str(source))
     out, report = tmp_path / "a.onnx", tmp_path / "a.json"
-    proc = cli(
-        str(source), "--level", "auto", "--atol", "0", "--rtol", "0", "--max-trials", "3", "-o", str(out), "--report", str(report)
-    )
-    assert proc.returncode == 0, proc.stderr
+    flags = ["--level", "auto", "--atol", "0", "--rtol", "0", "--max-trials", "3", "-o", str(out), "--report", str(report)]
+    proc = cli(str(source), *flags)
+    assert proc.returncode == 1, proc.stderr
+    assert "no low-precision assignment met the tolerance in 3 trials" in proc.stdout and "FAIL" in proc.stdout
+    assert not out.exists()
     data = json.loads(report.read_text())
-    assert data["auto"]["chosen_trial"] == 0 and data["plan"]["counts"]["low"] == 0
-    assert onnx.TensorProto.FLOAT16 not in {t.data_type for t in onnx.load(str(out)).graph.initializer}
+    assert not data["validation"]["passed"] and 1 <= data["auto"]["chosen_trial"] <= 3
+    assert [o["name"] for o in data["validation"]["outputs"] if not o["passed"]]
+    proc = cli(str(source), *flags, "--write-on-fail")
+    assert proc.returncode == 1, proc.stderr
+    assert onnx.TensorProto.FLOAT16 in {t.data_type for t in onnx.load(str(out)).graph.initializer}
 
 
 def test_auto_grows_no_source_whose_readers_need_fp32():
@@ -597,27 +606,26 @@ def test_auto_counts_one_trial_in_the_singular(tmp_path):
     onnx.save(onnx.load(ZOO["lstm"]["path"]), str(lstm))
     plan = tmp_path / "plan.json"
     proc = cli(str(lstm), "--level", "auto", "--atol", "0", "--rtol", "0", "--max-trials", "1", "--plan-json", str(plan))
-    assert proc.returncode == 0, proc.stderr
-    assert "auto: no assignment met the tolerance in 1 trial; the model stays fp32" in json.loads(plan.read_text())["notes"]
+    assert proc.returncode == 1, proc.stderr
+    assert "in 1 trial; the closest, trial 1, fails" in proc.stdout
 
 
 @pytest.mark.parametrize(
     ("only", "auto_from", "start"),
     [("--only-black-list=LSTM", "O2", "O2"), ("--only-white-list=MatMul", "O1", "O1"), ("--only-white-list=MatMul", None, "O1")],
 )
-def test_auto_with_an_only_list_searches_at_its_level_and_falls_back_to_fp32(tmp_path, only, auto_from, start):
+def test_auto_with_an_only_list_searches_at_its_level(tmp_path, only, auto_from, start):
     """An only-list converts as O1 (white) or O2 (black): auto grows from that
-    level, and when no trial passes writes the fp32 model (the fallback
-    failed: an only-list cannot be used with O0)."""
+    level; no trial passes here, and the closest is written on request."""
     source = tmp_path / "lstm.onnx"
     onnx.save(onnx.load(ZOO["lstm"]["path"]), str(source))
     out, report = tmp_path / "a.onnx", tmp_path / "a.json"
-    flags = ["--atol", "0", "--rtol", "0", "--max-trials", "2", "-o", str(out), "--report", str(report)]
+    flags = ["--atol", "0", "--rtol", "0", "--max-trials", "2", "-o", str(out), "--report", str(report), "--write-on-fail"]
     proc = cli(str(source), "--level", "auto", only, *(["--auto-from", auto_from] if auto_from else []), *flags)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr
     data = json.loads(report.read_text())
     assert data["auto"]["start"] == start and data["auto"]["trials"][0]["step"].startswith(start)
-    assert data["auto"]["chosen_trial"] == 0 and data["plan"]["counts"]["low"] == 0 and out.is_file()
+    assert data["auto"]["chosen_trial"] in (1, 2) and data["plan"]["counts"]["low"] > 0 and out.is_file()
 
 
 def test_auto_refuses_an_auto_from_level_the_only_list_does_not_convert_as(tmp_path):
