@@ -80,6 +80,7 @@ CONFIG_KEYS = {
     "atol",
     "rtol",
     "min_cosine",
+    "min_top1",
     "per_node",
     "pin_choices",
     "top",
@@ -363,6 +364,13 @@ def validation_options(f):
             type=_Finite("float", -1.0, 1.0),
             default=None,
             help="Least cosine similarity per output (fp16 0.999, bf16 0.99). Example: --min-cosine 0.995",
+        ),
+        click.option(
+            "--min-top1",
+            type=_Finite("float", 0.0, 1.0),
+            default=None,
+            help="Least share of rows whose argmax along the last axis agrees with fp32's, for float outputs whose "
+            "last axis has 2 or more entries (default: reported, not judged). Example: --min-top1 0.999",
         ),
         click.option(
             "--per-node/--no-per-node",
@@ -995,7 +1003,7 @@ def _tolerance(kw: dict, reference_low: str):
     """User tolerances over the dtype's defaults (None: all defaults)."""
     from .metrics import DEFAULT_TOLERANCES, Tolerance
 
-    if all(kw[k] is None for k in ("atol", "rtol", "min_cosine")):
+    if all(kw[k] is None for k in ("atol", "rtol", "min_cosine", "min_top1")):
         return None
     base = DEFAULT_TOLERANCES[reference_low]
     return Tolerance(
@@ -1003,6 +1011,7 @@ def _tolerance(kw: dict, reference_low: str):
         rtol=base.rtol if kw["rtol"] is None else kw["rtol"],
         min_cosine=base.min_cosine if kw["min_cosine"] is None else kw["min_cosine"],
         min_equal=base.min_equal,
+        min_top1=kw["min_top1"],
     )
 
 

@@ -37,16 +37,26 @@ class Tolerance:
     ``max_abs_err <= atol + rtol * max|ref|`` and ``cosine >= min_cosine``
     (not judged when every reference value lies within atol of zero);
     an integer or bool output when at least ``min_equal`` of its elements
-    are equal.
+    are equal. With ``min_top1``, a float output whose last axis has 2 or
+    more entries also needs its argmax along that axis to agree with the
+    reference's in at least that share of its rows.
     """
 
     atol: float
     rtol: float
     min_cosine: float
     min_equal: float = 0.99
+    # Least top-1 agreement along the last axis of a float output (None: not judged).
+    min_top1: float | None = None
 
     def as_dict(self) -> dict:
-        return {"atol": self.atol, "rtol": self.rtol, "min_cosine": self.min_cosine, "min_equal": self.min_equal}
+        return {
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "min_cosine": self.min_cosine,
+            "min_equal": self.min_equal,
+            "min_top1": self.min_top1,
+        }
 
 
 # fp16 keeps 11 significant bits (unit roundoff 4.9e-4); errors add up over
@@ -59,6 +69,10 @@ DEFAULT_TOLERANCES = {
 
 
 WarningKind = Literal["all_zeros", "mixed_scales"]
+
+# How many of an output's largest errors are kept, to count those over its
+# limit (known only once every sample is in); beyond that it says "at least".
+OVER_KEPT = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -155,6 +169,9 @@ class ErrorStats:
         self._axes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._axes_shape: tuple[int, ...] | None = None  # the shape they are kept for (() once shapes differ)
         self._axes_samples = 0  # the samples folded into them
+        self._largest = np.empty(0)  # the OVER_KEPT largest errors so far, in no order
+        self.top1_rows = 0  # rows along the last axis compared by their argmax
+        self.top1_agree = 0
 
     def update(self, ref: Any, cand: Any, sample: int | None = None) -> None:
         """Fold in one sample: two arrays; an optional's values (None: empty);
@@ -205,6 +222,9 @@ class ErrorStats:
         abs_r = np.abs(r)
         if ref.ndim >= 2 and r.size == ref.size:  # (every value finite: the arrays keep the output's shape)
             self._update_axes(ref.shape, abs_r, err)
+        self._keep_largest(err)
+        if ref.ndim >= 1 and ref.shape[-1] >= 2:
+            self._update_top1(ref, cand)
         scale = float(abs_r.max())
         self.max_abs_ref = max(self.max_abs_ref, scale)
         self.max_abs_err = max(self.max_abs_err, float(err.max()))
@@ -217,6 +237,38 @@ class ErrorStats:
         # values near zero do not dominate.
         floor = max(scale * 1e-3, np.finfo(np.float32).tiny)
         self.max_rel_err = max(self.max_rel_err, float((err / np.maximum(abs_r, floor)).max()))
+
+    def _keep_largest(self, err: np.ndarray) -> None:
+        """Keep the OVER_KEPT largest errors seen."""
+        if err.size > OVER_KEPT:
+            err = np.partition(err, err.size - OVER_KEPT)[-OVER_KEPT:]
+        kept = np.concatenate((self._largest, err))
+        if kept.size > OVER_KEPT:
+            kept = np.partition(kept, kept.size - OVER_KEPT)[-OVER_KEPT:]
+        self._largest = kept
+
+    def _update_top1(self, ref: np.ndarray, cand: np.ndarray) -> None:
+        """Count the rows (along the last axis) whose argmax the candidate keeps."""
+        r = np.argmax(ref.astype(np.float32, copy=False), axis=-1)
+        c = np.argmax(cand.astype(np.float32, copy=False), axis=-1)
+        self.top1_rows += int(r.size)
+        self.top1_agree += int(np.count_nonzero(r == c))
+
+    @property
+    def top1_agreement(self) -> float | None:
+        """The share of rows whose argmax along the last axis agrees (None: no such rows)."""
+        return self.top1_agree / self.top1_rows if self.top1_rows else None
+
+    def over_limit(self, tol: Tolerance) -> tuple[int, bool]:
+        """How many values' errors exceed the limit ``tol`` allows, and
+        whether that is a lower bound (more than OVER_KEPT did)."""
+        n = int(np.count_nonzero(self._largest > self.limit_abs_err(tol)))
+        return n, n == OVER_KEPT and self.count > OVER_KEPT
+
+    def over_limit_text(self, tol: Tolerance) -> str:
+        """The count of values over the limit, said against all of them ("2,035 of 409,600 values")."""
+        n, more = self.over_limit(tol)
+        return f"{'at least ' if more else ''}{n:,} of {self.count:,} values"
 
     def _update_axes(self, shape: tuple[int, ...], abs_r: np.ndarray, err: np.ndarray) -> None:
         """Along each axis of 2 to AXIS_INDICES indices, per index: the
@@ -345,6 +397,8 @@ class ErrorStats:
                 # Cosine says nothing about outputs that lie within atol of zero...
                 "cosine": self.cosine >= tol.min_cosine or self.max_abs_ref <= tol.atol,
             }
+            if tol.min_top1 is not None and self.top1_rows:
+                every["top1"] = self.top1_agree >= tol.min_top1 * self.top1_rows
         return _only(every, only)
 
     def warnings(self, tol: Tolerance | None = None, only: tuple[str, ...] | None = None) -> list[OutputWarning]:
@@ -386,10 +440,16 @@ class ErrorStats:
                 )
                 if count
             ),
-            "max_abs_err": f"max abs error {self.max_abs_err:.3g} > {self.limit_abs_err(tol):.3g}",
+            "max_abs_err": f"max abs error {self.max_abs_err:.3g} > {self.limit_abs_err(tol):.3g} "
+            f"({self.over_limit_text(tol)} over it{self._top1_text()})",
             "cosine": f"cosine {self.cosine:.5f} < {tol.min_cosine}",
+            "top1": f"top-1 agreement {self.top1_agreement or 0:.4%} < {tol.min_top1}",
         }
         return [reasons[name] for name, ok in checks.items() if not ok]
+
+    def _top1_text(self) -> str:
+        agreement = self.top1_agreement
+        return "" if agreement is None else f"; top-1 agreement {agreement:.4%}"
 
     def as_dict(self, tol: Tolerance | None = None, only: tuple[str, ...] | None = None) -> dict:
         """The metrics, and with ``tol`` the verdict (``only``: on just these checks).
@@ -419,7 +479,12 @@ class ErrorStats:
                 cand_inf=self.cand_inf,
                 new_nonfinite=self.new_nonfinite,
                 lost_nonfinite=self.lost_nonfinite,
+                values=self.count,
+                top1_agreement=self.top1_agreement,
+                top1_rows=self.top1_rows,
             )
+            if tol is not None:
+                d["values_over_limit"], d["values_over_limit_at_least"] = self.over_limit(tol)
         if tol is not None:
             failures = self.verdict(tol, only)
             d["passed"] = not failures

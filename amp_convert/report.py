@@ -24,7 +24,7 @@ SCHEMA_ID = "amp-convert-report"
 #    warnings, warning_kinds and checks always there (unreleased between 3 and 5: one version).
 # 6: plan.coverage (the share of float compute that runs low, the causes of the rest, the warning);
 #    validation.kernel_note.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 def report_schema() -> dict:
@@ -180,9 +180,22 @@ def _metric_rows(label: str, out: dict, tol: dict, judged_only: bool = False) ->
     if not judged_only:
         limit = f"<= {_fmt(out['limit_abs_err'])}"
         rows.append(("max abs error", _fmt(out["max_abs_err"]), limit, _pf(checks["max_abs_err"])))
+        if "values_over_limit" in out:
+            over = f"{'at least ' if out['values_over_limit_at_least'] else ''}{out['values_over_limit']:,} of {out['values']:,}"
+            rows.append(("over the limit", over, "", ""))
         rows.append(("mean abs error", _fmt(out["mean_abs_err"]), "", ""))
         rows.append(("max rel error", _fmt(out["max_rel_err"]), "", ""))
     rows.append(("cosine", f"{out['cosine']:.6f}", f">= {tol['min_cosine']}", _pf(checks["cosine"])))
+    if out.get("top1_agreement") is not None and not judged_only:
+        gate = "top1" in checks
+        rows.append(
+            (
+                "top-1 agreement",
+                f"{out['top1_agreement']:.4%} of {out['top1_rows']:,} rows",
+                f">= {tol['min_top1']}" if gate else "",
+                _pf(checks["top1"]) if gate else "",
+            )
+        )
     if not judged_only:
         rows.append(("SNR dB", _snr(out), "", ""))
     nonfinite = f"{out['cand_nan'] + out['cand_inf']} (fp32: {out['ref_nan'] + out['ref_inf']})"
@@ -356,7 +369,8 @@ def _summary_line(report: dict) -> str:
 
 def _outputs_table(v: dict) -> str:
     head = "<table id='outputs'><tr><th>output</th><th>max abs err</th><th>limit</th><th>mean abs err</th>"
-    head += "<th>max rel err</th><th>cosine</th><th>SNR dB</th><th>NaN/Inf (fp32)</th><th>result</th></tr>"
+    head += "<th>max rel err</th><th>over the limit</th><th>cosine</th><th>top-1 agreement</th><th>SNR dB</th>"
+    head += "<th>NaN/Inf (fp32)</th><th>result</th></tr>"
     judged = [(o["name"], o, False) for o in v["outputs"]]
     # the values a pinned choice reads are judged too (as the terminal table shows)
     judged += [(f"{o['name']} (choice input)", o, True) for o in v["pinned"]["inputs"]]
@@ -392,13 +406,16 @@ def _output_row(label: str, o: dict, judged_only: bool = False) -> str:
             detail = f"{e['passed']} of {e['count']} elements pass; the worst {e['worst']['name']}: {e['worst']['detail']}"
         else:
             detail = f"sequence: {_held(o)}" if o["kind"] == "sequence" else "empty in both"
-        return f"<tr><td>{html.escape(label)}</td><td colspan='7'>{html.escape(detail)}</td>{verdict}</tr>"
+        return f"<tr><td>{html.escape(label)}</td><td colspan='9'>{html.escape(detail)}</td>{verdict}</tr>"
     shown = ("max_abs_err", "limit_abs_err", "mean_abs_err", "max_rel_err")
     cells = "".join(f"<td class='num'>{'-' if judged_only else _fmt(o[k])}</td>" for k in shown)
+    over = "-" if judged_only or "values_over_limit" not in o else f"{o['values_over_limit']:,} of {o['values']:,}"
+    top1 = "-" if judged_only or o.get("top1_agreement") is None else f"{o['top1_agreement']:.4%}"
     nonfinite = f"{o['cand_nan'] + o['cand_inf']} ({o['ref_nan'] + o['ref_inf']})"
     return (
-        f"<tr><td>{html.escape(label)}</td>{cells}<td class='num'>{o['cosine']:.6f}</td>"
-        f"<td class='num'>{'-' if judged_only else _snr(o)}</td><td class='num'>{nonfinite}</td>{verdict}</tr>"
+        f"<tr><td>{html.escape(label)}</td>{cells}<td class='num'>{over}</td><td class='num'>{o['cosine']:.6f}</td>"
+        f"<td class='num'>{top1}</td><td class='num'>{'-' if judged_only else _snr(o)}</td>"
+        f"<td class='num'>{nonfinite}</td>{verdict}</tr>"
     )
 
 

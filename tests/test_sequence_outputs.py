@@ -136,7 +136,7 @@ def test_a_sequence_output_is_compared_element_by_element(how, tmp_path):
     table = _lines(proc.stdout)
     assert "out length 2 element(s) as fp32's PASS" in table and "out[1] max abs error" in " ".join(table)
     page = html_path.read_text()
-    assert "<td>out</td><td colspan='7'>sequence: 2 element(s)</td>" in page and "<td>out[1]</td><td class='num'>" in page
+    assert "<td>out</td><td colspan='9'>sequence: 2 element(s)</td>" in page and "<td>out[1]</td><td class='num'>" in page
 
 
 def test_a_sequence_of_another_length_fails_with_its_lengths(tmp_path):
@@ -340,7 +340,7 @@ def test_a_long_sequence_reports_one_row_for_its_elements_and_lists_the_failing_
     assert "probs[*] elements passing 38 of 40 all FAIL" in _lines(proc.stdout)
     assert f"failing: probs[*]: {reason}" in proc.stdout
     page = html_path.read_text()
-    assert "<td>probs[*]</td><td colspan='7'>38 of 40 elements pass; the worst probs[30]: max abs error" in page
+    assert "<td>probs[*]</td><td colspan='9'>38 of 40 elements pass; the worst probs[30]: max abs error" in page
 
     shift[:] = np.linspace(0.1, 2, 40, dtype=np.float32)[:, None] * np.array([1, 0, 0, 0], np.float32)
     cand = _save(_zipmap_model(rows=40, shift=shift), tmp_path / "cand.onnx")
