@@ -227,7 +227,7 @@ class AutoSearch:
         if validation.passed and (self.best is None or fraction > self.best[0]):
             self.best = (fraction, result, validation, trial.number)
         if not validation.passed:
-            failing = sum(bool(o.verdict(validation.tolerance)) for o in validation.outputs)
+            failing = sum(bool(o.verdict(validation.tolerance_for(o.name))) for o in validation.outputs)
             if self.closest is None or (failing, -fraction) < self.closest[0]:
                 self.closest = ((failing, -fraction), result, validation, trial.number)
         return result, validation

@@ -37,9 +37,13 @@ EXIT_OK, EXIT_TOLERANCE, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 _NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())  # (click 8.2 on; 8.1 prints the help itself)
 
 # Config-file keys: the long option names, with '-' or '_'.
-PARAMETER_NAMES = {"json": "json_out", "lists": "lists_profile"}  # where the parameter is named otherwise
+PARAMETER_NAMES = {
+    "json": "json_out",
+    "lists": "lists_profile",
+    "tolerance": "tolerances",
+}  # where the parameter is named otherwise
 MULTIPLE_KEYS = {"white_list", "black_list", "only_white_list", "only_black_list", "keep_fp32", "force_low"}
-MULTIPLE_KEYS |= {"inputs", "input_shape", "input_range", "calibration"}
+MULTIPLE_KEYS |= {"inputs", "input_shape", "input_range", "calibration", "tolerance"}
 CONFIG_KEYS = {
     "level",
     "dtype",
@@ -81,6 +85,7 @@ CONFIG_KEYS = {
     "rtol",
     "min_cosine",
     "min_top1",
+    "tolerance",
     "per_node",
     "pin_choices",
     "top",
@@ -364,6 +369,14 @@ def validation_options(f):
             type=_Finite("float", -1.0, 1.0),
             default=None,
             help="Least cosine similarity per output (fp16 0.999, bf16 0.99). Example: --min-cosine 0.995",
+        ),
+        click.option(
+            "--tolerance",
+            "tolerances",
+            multiple=True,
+            metavar="NAME:FIELD=VALUE,...",
+            help="A tolerance of its own for output NAME (fields atol, rtol, min_cosine, min_top1; the others "
+            "keep the run's), repeatable. Example: --tolerance probs:atol=0.02,min_top1=0.999",
         ),
         click.option(
             "--min-top1",
@@ -888,6 +901,7 @@ def _auto(reference, options: ConvertOptions, start: str, source, calibration, k
         kw["pin_choices"],
         options.dtype,
         target_provider=options.target_provider,
+        tolerances=_per_output_tolerances(kw),
     )
     searched = auto_convert(reference, options, source, config, calibration, kw["max_trials"], start, kw["check"], show, folder)
     if not searched.validation.passed and not kw["quiet"] and not kw["json_out"]:
@@ -958,7 +972,15 @@ def _validate(reference, candidate, source, kw: dict, plan, folder: Path | None 
     tolerance = _tolerance(kw, reference_low=dtype)
     aimed_at = kw.get("target_provider", "cuda").lower()  # (compare: a candidate of another tool, aimed at CUDA)
     config = ValidationConfig(
-        kw["provider"], kw["emulate"], kw["per_node"], kw["top"], tolerance, kw["pin_choices"], dtype, target_provider=aimed_at
+        kw["provider"],
+        kw["emulate"],
+        kw["per_node"],
+        kw["top"],
+        tolerance,
+        kw["pin_choices"],
+        dtype,
+        target_provider=aimed_at,
+        tolerances=_per_output_tolerances(kw),
     )
     show = not kw["quiet"] and not kw["json_out"] and sys.stderr.isatty()
     if not show:
@@ -1013,6 +1035,12 @@ def _tolerance(kw: dict, reference_low: str):
         min_equal=base.min_equal,
         min_top1=kw["min_top1"],
     )
+
+
+def _per_output_tolerances(kw: dict) -> dict[str, dict[str, float]]:
+    from .metrics import parse_tolerances
+
+    return parse_tolerances(kw["tolerances"])
 
 
 def _write_reports(files: TextFiles, report: dict, kw: dict) -> None:

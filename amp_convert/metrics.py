@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import ml_dtypes
 import numpy as np
+
+from .errors import AmpError
 
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -57,6 +60,36 @@ class Tolerance:
             "min_equal": self.min_equal,
             "min_top1": self.min_top1,
         }
+
+
+# What a per-output tolerance may set, and the range each value must lie in.
+TOLERANCE_FIELDS = {"atol": (0.0, math.inf), "rtol": (0.0, math.inf), "min_cosine": (-1.0, 1.0), "min_top1": (0.0, 1.0)}
+
+
+def parse_tolerances(values: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Per-output tolerances, each ``NAME:field=value,...`` (fields of
+    TOLERANCE_FIELDS; the ones left out keep the run's tolerance): output
+    name -> the fields given. Raises AmpError naming the bad entry."""
+    found: dict[str, dict[str, float]] = {}
+    for text in values:
+        name, sep, spec = text.rpartition(":")
+        if not sep or not name or not spec:
+            raise AmpError(f"tolerance {text!r}: expected NAME:atol=...,rtol=...,min_cosine=...,min_top1=...")
+        fields = found.setdefault(name, {})
+        for item in spec.split(","):
+            key, eq, raw = item.strip().partition("=")
+            key = key.strip().replace("-", "_")
+            if key not in TOLERANCE_FIELDS or not eq:
+                raise AmpError(f"tolerance {text!r}: {item.strip()!r} is not one of {', '.join(TOLERANCE_FIELDS)} = value")
+            try:
+                value = float(raw)
+            except ValueError:
+                raise AmpError(f"tolerance {text!r}: {key} takes a number, not {raw.strip()!r}") from None
+            low, high = TOLERANCE_FIELDS[key]
+            if not (math.isfinite(value) and low <= value <= high):
+                raise AmpError(f"tolerance {text!r}: {key} must be a finite number in [{low:g}, {high:g}]")
+            fields[key] = value
+    return found
 
 
 # fp16 keeps 11 significant bits (unit roundoff 4.9e-4); errors add up over

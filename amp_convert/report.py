@@ -127,7 +127,7 @@ def terminal_table(report: dict) -> str:
     tol = v["tolerance"]
     rows = [("output", "metric", "value", "tolerance", "")]
     for out in v["outputs"]:
-        rows += _metric_rows(out["name"], out, tol)
+        rows += _metric_rows(out["name"], out, out.get("tolerance", tol))
     for out in v["pinned"]["inputs"]:  # the values a pinned choice reads: finite, same direction
         rows += _metric_rows(f"{out['name']} (choice input)", out, tol, judged_only=True)
     widths = [max(len(str(r[i])) for r in rows) for i in range(5)]

@@ -66,6 +66,8 @@ class ValidationConfig:
     # The provider the conversion aimed at (ConvertOptions.target_provider): a kernel the CPU provider
     # lacks is expected of a model aimed at another, where the run on the CPU is emulated.
     target_provider: str = "cuda"
+    # Per output name, the tolerance fields that differ from ``tolerance`` (metrics.parse_tolerances).
+    tolerances: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -156,11 +158,23 @@ class ValidationResult:
     selection_inputs: list[ErrorStats] = field(default_factory=list)  # judged like outputs
     pin_note: str = ""
     kernel_note: str = ""  # what loading the candidate as written found that validation stands behind
+    per_output: dict[str, Tolerance] = field(default_factory=dict)  # outputs judged by a tolerance of their own
+
+    def tolerance_for(self, name: str) -> Tolerance:
+        """The tolerance output ``name`` is judged by (a sequence's elements, ``out[3]``, by their output's)."""
+        return self.per_output.get(name) or self.per_output.get(name.split("[", 1)[0]) or self.tolerance
 
     @property
     def passed(self) -> bool:
-        outputs_pass = all(not o.verdict(self.tolerance) for o in self.outputs)
+        outputs_pass = all(not o.verdict(self.tolerance_for(o.name)) for o in self.outputs)
         return outputs_pass and all(not o.verdict(self.tolerance, SELECTION_INPUT_CHECKS) for o in self.selection_inputs)
+
+    def _output_dict(self, o: ErrorStats | SequenceStats | ElementSummary) -> dict:
+        tol = self.tolerance_for(o.name)
+        d = o.as_dict(tol)
+        if tol is not self.tolerance:
+            d["tolerance"] = tol.as_dict()
+        return d
 
     def ranked(self) -> list[NodeError]:
         """Low nodes that add error over their inputs, most first (ties: earlier first)."""
@@ -183,7 +197,7 @@ class ValidationResult:
             "samples": self.samples,
             "tolerance": self.tolerance.as_dict(),
             "passed": self.passed,
-            "outputs": [o.as_dict(self.tolerance) for o in self.outputs],
+            "outputs": [self._output_dict(o) for o in self.outputs],
             "offenders": [n.as_dict() for n in self.offenders()],
             "nodes": [n.as_dict() for n in self.nodes],
             "per_node_note": self.per_node_note,
@@ -301,6 +315,13 @@ class Validator:
         cand_outputs = [v.name for v in candidate.graph.output]
         if self.output_names != cand_outputs:
             raise AmpError(f"the models' outputs differ: {self.output_names} vs {cand_outputs}")
+        unknown = sorted(set(config.tolerances) - set(self.output_names))
+        if unknown:
+            raise AmpError(
+                f"tolerance for {', '.join(map(repr, unknown))}: not an output of the model "
+                f"(its outputs: {', '.join(self.output_names)})"
+            )
+        per_output = {name: replace(tolerance, **fields) for name, fields in config.tolerances.items()}
         for name, ref_kind, cand_out in zip(self.output_names, self.output_kinds, candidate.graph.output, strict=True):
             cand_kind = _kind(cand_out.type)
             if ref_kind and cand_kind and ref_kind != cand_kind:
@@ -371,7 +392,7 @@ class Validator:
             dtype,
             tolerance,
             samples,
-            [r for s in out_stats.values() for r in s.records(tolerance)],
+            [r for name, s in out_stats.items() for r in s.records(per_output.get(name, tolerance))],
             top=config.top,
             per_node_note=per_node_note,
             reference_emulated=self.reference_emulated,
@@ -379,6 +400,7 @@ class Validator:
             pinned=[PinnedSelection(s, agreement[s.name]) for s in pins],
             selection_inputs=list(judged_stats.values()),
             kernel_note=written.note if written is not None else "",
+            per_output=per_output,
         )
         if per_node:
             result.nodes = _node_errors(self.ref_ctx, cand_ctx, {**tensor_stats, **out_stats}, plan)

@@ -1511,3 +1511,25 @@ def test_top1_agreement_is_reported_and_gated_by_min_top1(tmp_path):
     assert out["checks"]["top1"] is False and out["checks"]["max_abs_err"] is True
     assert any(f.startswith("top-1 agreement") for f in out["failures"])
     assert json.loads(report.read_text())["validation"]["tolerance"]["min_top1"] == 0.99
+
+
+def test_an_output_can_have_a_tolerance_of_its_own_on_the_command_line_and_in_a_config(tmp_path):
+    ref, cand = _near_tie_pair(tmp_path)
+    report = tmp_path / "r.json"
+    proc = cli("compare", str(ref), str(cand), "--tolerance", "y:min_top1=0.99,atol=0.5", "--report", str(report))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    data = json.loads(report.read_text())["validation"]
+    [out] = data["outputs"]
+    assert out["tolerance"]["min_top1"] == 0.99 and out["tolerance"]["atol"] == 0.5 and out["checks"]["top1"] is False
+    assert data["tolerance"]["min_top1"] is None  # (the run's own tolerance is unchanged)
+    assert out["tolerance"]["rtol"] == data["tolerance"]["rtol"]  # (fields left out keep the run's)
+    config = tmp_path / "amp.toml"
+    config.write_text('tolerance = ["y:min_top1=0.01"]\n')
+    model_path = tmp_path / "m.onnx"
+    shutil.copy(ref, model_path)
+    proc = cli(str(model_path), "--config", str(config), "-o", str(tmp_path / "o.onnx"), "--report", str(report))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(report.read_text())["validation"]["outputs"][0]["tolerance"]["min_top1"] == 0.01
+    for bad, says in (("nope:atol=1", "not an output of the model"), ("y:speed=1", "is not one of"), ("y:atol=-1", "finite")):
+        proc = cli("compare", str(ref), str(cand), "--tolerance", bad)
+        assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
