@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import onnx
 
 from .graph import graph_initializers
+from .safety import constant_values
 
 # Ops that carry an input's values on to their outputs (possibly changed):
 # what they feed is what the input feeds.
@@ -81,12 +82,8 @@ def input_roles(model: onnx.ModelProto) -> dict[str, InputRole]:
     """The role of each integer or bool input of ``model``'s main graph that
     one of the module's rules gives one (see the module's docstring)."""
     graph = model.graph
-    tables = {name: tuple(t.dims) for name, t in graph_initializers(graph).items()}
-    for node in graph.node:  # (a Constant node's value is a table too)
-        if node.op_type == "Constant" and node.output:
-            for a in node.attribute:
-                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
-                    tables[node.output[0]] = tuple(a.t.dims)
+    held = {**graph_initializers(graph), **constant_values(graph.node, [n.op_type for n in graph.node])}
+    tables = {name: tuple(t.dims) for name, t in held.items()}  # (a Constant node's value is a table too)
     readers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
     for node in graph.node:
         for k, name in enumerate(node.input):
