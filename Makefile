@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 ZOOVENV ?= .venv-zoo
 ORTZOOVENV ?= .venv-ortzoo
 
-.PHONY: setup demo test lint pypi-models browser zoo zoo-full zoo-ort zoo-ort-full bench bench-casts bench-ort bench-convert bench-auto bench-latency fuzz clean
+.PHONY: setup demo test lint pypi-models browser zoo zoo-full zoo-ort zoo-ort-full bench bench-casts bench-ort bench-convert bench-auto bench-latency fuzz fingerprint clean
 
 setup: $(VENV)/.installed
 
@@ -68,6 +68,10 @@ zoo-ort-full: $(ORTZOOVENV)/.installed
 # Property-based fuzzing: thousands of random graphs at every level and dtype.
 fuzz: setup
 	AMP_FUZZ_EXAMPLES=$${AMP_FUZZ_EXAMPLES:-5000} $(BIN)/python -m pytest -q tests/test_fuzz.py -k "random_graphs or random_options"
+
+# One hash per model, level and dtype over what amp-convert writes: a refactoring leaves it unchanged.
+fingerprint: setup
+	$(BIN)/python scripts/fingerprint.py
 
 # Every benchmark; each prints its tables (figures in BENCHMARKS.md).
 bench: bench-casts bench-ort bench-convert bench-auto bench-latency
