@@ -79,36 +79,6 @@ def test_converting_without_validation_loads_nothing_of_validation(resnet, tmp_p
     assert (tmp_path / "out.onnx").is_file()
 
 
-@pytest.mark.parametrize("collecting", [True, False])
-def test_importing_the_package_leaves_the_cyclic_collector_as_it_was(collecting):
-    """The collector is off while the package imports onnx and numpy (it
-    would only scan over what they make), and as it was afterwards: on for
-    an ordinary process, still off for one that turned it off. What the
-    import made is filed with the oldest objects: the collections after it
-    do not scan it as young (the young generations hold almost nothing)."""
-    script = (
-        "import gc, sys\n"
-        f"gc.enable() if {collecting} else gc.disable()\n"
-        "import amp_convert\n"
-        "young = len(gc.get_objects(0)) + len(gc.get_objects(1))\n"
-        "print('onnx' in sys.modules, gc.isenabled(), young * 10 < len(gc.get_objects(2)))\n"
-    )
-    assert _python(script) == ["True", str(collecting), "True"]
-
-
-def test_importing_the_package_keeps_objects_the_process_froze():
-    """A process that froze objects of its own (a server before it forks)
-    keeps them frozen: the import does not hand them back to the collector."""
-    script = (
-        "import gc\n"
-        "mine = []\n"
-        "gc.freeze()\n"
-        "import amp_convert\n"
-        "print(any(o is mine for o in gc.get_objects()))\n"  # (frozen objects are in no generation)
-    )
-    assert _python(script) == ["False"]
-
-
 def test_the_command_under_a_profiler_ends_as_usual(tmp_path):
     """The command skips the interpreter's teardown, except where a profiler
     (or tracer) waits for it to save its data."""
