@@ -625,8 +625,6 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
                     in_place=source is None,
                     external_dir=folder,
                     on_stage=on_stage,
-                    # (see command; a validating run frees them first: its sessions need the memory)
-                    keep=click.get_current_context().obj if source is None else None,
                     ahead=loaded.ahead_result,
                 )
             with _run_failures(source, check=kw["check"]):
@@ -1151,14 +1149,13 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB"
 
 
-def main(argv: list[str] | None = None, *, keep: list | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, turning every failure into one line and an
-    exit code. ``keep``: a list the conversion's working indexes go to, not
-    freed (the click context's ``obj``: see :func:`command`)."""
+    exit code."""
     args = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in args
     try:
-        code = cli.main(args=args, prog_name="amp-convert", standalone_mode=False, obj=keep)
+        code = cli.main(args=args, prog_name="amp-convert", standalone_mode=False)
         return code if isinstance(code, int) else EXIT_OK
     except click.exceptions.Exit as e:
         return e.exit_code
@@ -1195,26 +1192,18 @@ def _fail(message: str, code: int, debug: bool) -> int:
     return code
 
 
-# What command() hands main to keep: held by the module, alive until the
-# process ends (a list that only main's frame held went, and the indexes
-# with it, as main returned: the 0.1 s that keeping saves was spent anyway).
-_KEPT: list = []
-
-
 def command() -> None:
     """The ``amp-convert`` command: :func:`main`, then the process ends
     without tearing the interpreter down (unless a tracer or profiler,
-    such as coverage or cProfile, waits for that teardown to save), and
-    without freeing the conversion's indexes (the list handed to main). Both
-    free, object by object, memory a process about to end gives back anyway:
-    the teardown what the run imported (numpy, onnx's schema registry,
-    protobuf's descriptors), 0.05-0.1 s measured; the indexes of a
-    100k-node graph, 0.1 s. By then every output file is written, synced
+    such as coverage or cProfile, waits for that teardown to save): the
+    teardown frees, object by object, memory a process about to end gives
+    back anyway (what the run imported: numpy, onnx's schema registry,
+    protobuf's descriptors), 0.05-0.1 s measured. By then every output file is written, synced
     and closed, and nothing runs in another thread. click flushes what it
     writes; anything else buffered is flushed here (where that fails, the
     interpreter's own exit reports it)."""
     gc.freeze()  # (what the imports made lives as long as the process: the collector need not scan it again)
-    code = main(keep=_KEPT)
+    code = main()
     if _observed():
         raise SystemExit(code)
     try:

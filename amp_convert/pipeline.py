@@ -6,8 +6,6 @@ is what the Python API calls.)
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
 import time
 from collections import Counter
@@ -102,20 +100,6 @@ def load_input(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
     raise TypeError(f"expected an onnx.ModelProto or a path to an .onnx file, got {type(model).__name__}")
 
 
-@contextlib.contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
-    """The indexes allocate millions of small containers and hold no cycles:
-    the cyclic collector would only rescan them (a third of the run time on
-    a 100k-node graph)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def convert(
     model: onnx.ModelProto | str | os.PathLike,
     options: ConvertOptions | None = None,
@@ -125,7 +109,6 @@ def convert(
     in_place: bool = False,
     external_dir: str | os.PathLike | None = None,
     on_stage: Callable[[str], None] | None = None,
-    keep: list | None = None,
     ahead: Callable[[str], object] | None = None,
     **option_values,
 ) -> ConversionResult:
@@ -140,10 +123,7 @@ def convert(
     checking it again (the caller gives it up). ``external_dir`` is the
     folder of a model whose external data was left on disk
     (``load_model(path, lazy_external=True)``): tensors are read from there
-    one at a time. ``keep``: a list the working indexes are appended to
-    instead of being freed on return (a process about to end need not free
-    them: see :func:`amp_convert.cli.command`); what is alive then is moved
-    out of the cyclic collector's reach (``gc.freeze``). ``ahead``: gives
+    one at a time. ``ahead``: gives
     by name what was worked out ahead on this same model (see
     :mod:`amp_convert.ahead`), or None; asked once for each, when needed.
     """
@@ -153,11 +133,7 @@ def convert(
         raise ValueError(f"check must be one of {', '.join(CHECK_MODES)}, not {check!r}")
     options = (options or ConvertOptions(**_tuples(option_values))).validated()
     base_dir = Path(external_dir) if external_dir is not None else None
-    with _no_cyclic_gc():
-        result = _convert(model, options, check, calibration, in_place, base_dir, _Timer(on_stage), keep, ahead)
-        if keep is not None:  # (the kept indexes hold no cycles: the collector would walk them all, and soon)
-            gc.freeze()
-        return result
+    return _convert(model, options, check, calibration, in_place, base_dir, _Timer(on_stage), ahead)
 
 
 def _convert(
@@ -168,7 +144,6 @@ def _convert(
     in_place: bool,
     base_dir: Path | None,
     timer: _Timer,
-    keep: list | None,
     ahead: Callable[[str], object] | None,
 ) -> ConversionResult:
     work = model if in_place and isinstance(model, onnx.ModelProto) else load_input(model)
@@ -211,14 +186,10 @@ def _convert(
     covered = coverage(work, plan, ctx, options.op_lists())  # (of the model as planned: the rewrite changes it)
     timer.lap("plan")
     result = ConversionResult(work, plan, options, casts_before=casts_before, casts_after=len(input_casts), coverage=covered)
-    if keep is not None:  # (a graph's index is millions of small objects: freeing them takes a tenth of the run)
-        keep.extend((ctx, ranges, input_casts))
     if options.effective_level != "O0":
         rewriter = Rewriter(plan, options.low, options.io_types, NameGenerator(name_in_use(ctx)), base_dir, ranges)
         result.stats = rewriter.run(ctx)
         timer.lap("rewrite")
-        if keep is not None:
-            keep.append(rewriter)
         if names_repeat_across_graphs(ctx):  # (the clean-up indexes the model again, and looks names up by scope)
             cleaned = clean_up(work)
         else:

@@ -36,22 +36,6 @@ def test_convert_returns_model_and_plan_and_stats(tmp_path):
         amp_convert.convert(path, level="O1", check="strict")
 
 
-def test_keep_takes_the_indexes_and_changes_nothing_else():
-    """What the CLI's process keeps unfreed (see cli.command): the graph's
-    index, which still describes the graph it indexed; the result is the same."""
-    import gc
-
-    from amp_convert.graph import GraphContext
-
-    kept: list = []
-    with_keep = amp_convert.convert(small_model(), level="O2", check="none", keep=kept)
-    gc.unfreeze()  # (keep froze the heap, as for a process about to end)
-    plain = amp_convert.convert(small_model(), level="O2", check="none")
-    assert with_keep.model.SerializeToString() == plain.model.SerializeToString()
-    (index,) = [k for k in kept if isinstance(k, GraphContext)]
-    assert index.graph is with_keep.model.graph and index.ops == ["MatMul", "Softmax", "Add"]
-
-
 def test_auto_mixed_precision_levels_and_errors():
     m = small_model()
     assert amp_convert.auto_mixed_precision(m).graph == m.graph  # default O0
