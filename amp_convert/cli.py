@@ -8,7 +8,6 @@ argument groups). Every user error is one line on stderr and exit code 2;
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
 import os
 import sys
@@ -1193,30 +1192,5 @@ def _fail(message: str, code: int, debug: bool) -> int:
 
 
 def command() -> None:
-    """The ``amp-convert`` command: :func:`main`, then the process ends
-    without tearing the interpreter down (unless a tracer or profiler,
-    such as coverage or cProfile, waits for that teardown to save): the
-    teardown frees, object by object, memory a process about to end gives
-    back anyway (what the run imported: numpy, onnx's schema registry,
-    protobuf's descriptors), 0.05-0.1 s measured. By then every output file is written, synced
-    and closed, and nothing runs in another thread. click flushes what it
-    writes; anything else buffered is flushed here (where that fails, the
-    interpreter's own exit reports it)."""
-    gc.freeze()  # (what the imports made lives as long as the process: the collector need not scan it again)
-    code = main()
-    if _observed():
-        raise SystemExit(code)
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except BaseException:
-        raise SystemExit(code) from None
-    os._exit(code)
-
-
-def _observed() -> bool:
-    """Whether a tracer or profiler watches this process (it saves its data at exit)."""
-    if sys.gettrace() is not None or sys.getprofile() is not None:
-        return True
-    monitoring = getattr(sys, "monitoring", None)  # (3.12+: coverage's sys.monitoring core)
-    return monitoring is not None and any(monitoring.get_tool(i) for i in range(6))
+    """The ``amp-convert`` command: :func:`main`, its return the exit status."""
+    raise SystemExit(main())

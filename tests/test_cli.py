@@ -80,8 +80,7 @@ def test_converting_without_validation_loads_nothing_of_validation(resnet, tmp_p
 
 
 def test_the_command_under_a_profiler_ends_as_usual(tmp_path):
-    """The command skips the interpreter's teardown, except where a profiler
-    (or tracer) waits for it to save its data."""
+    """A profiler (or tracer) watching the command saves its data at exit."""
     exe, profile = Path(sys.executable).with_name("amp-convert"), tmp_path / "run.prof"
     run = [sys.executable, "-m", "cProfile", "-o", str(profile), str(exe), "lists"]
     proc = subprocess.run(run, capture_output=True, text=True)
