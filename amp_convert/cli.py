@@ -556,7 +556,6 @@ def validation_options(f):
 )
 def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     """Convert MODEL to mixed precision, validate it, report, save."""
-    from .ahead import work_ahead
     from .check import check_file
     from .external import payload
     from .load import check_input_model, read_model
@@ -577,15 +576,7 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
                     f"--{name.replace('_', '-')} applies to --level auto only (the level is {options.effective_level})"
                 )
     start = options.auto_start(kw["auto_from"]) if auto else None
-    # Without validation nothing runs the input before it is converted: the
-    # checker runs beside the conversion, in a child process.
-    # (which first works out, on another core, what the converter would otherwise read and gather itself)
-    loaded = read_model(
-        model,
-        lazy_external=True,
-        background=not (kw["validate"] or kw["calibration"]),
-        ahead=partial(work_ahead, low=options.low),
-    )
+    loaded = read_model(model, lazy_external=True)
     remember_inputs([*kw["inputs"], *kw["calibration"]])
     with loaded.checked():
         reference = loaded.model
@@ -624,7 +615,6 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
                     in_place=source is None,
                     external_dir=folder,
                     on_stage=on_stage,
-                    ahead=loaded.ahead_result,
                 )
             with _run_failures(source, check=kw["check"]):
                 validation = (

@@ -258,42 +258,6 @@ def tensor_table(ctx: GraphContext) -> TensorTable:
     return TensorTable(names, number, of_slot, slot_names)
 
 
-@dataclass(frozen=True)
-class NodeColumns:
-    """A graph's op types, domains and node names, each column joined by
-    NUL: what the input's checker child reads for the converter (see
-    :mod:`amp_convert.ahead`); cheap to send, and splitting them is much
-    cheaper than reading the fields again."""
-
-    ops: str
-    domains: str
-    names: str
-
-    @classmethod
-    def of(cls, ops: list[str], domains: list[str], names: list[str]) -> NodeColumns | None:
-        """The columns :func:`string_columns` read, joined; None where a field
-        is not UTF-8 (protobuf hands it back as bytes: the converter reads it
-        and refuses it itself)."""
-        try:
-            return cls("\0".join(ops), "\0".join(domains), "\0".join(names))
-        except TypeError:
-            return None
-
-    def split(self, count: int) -> tuple[list[str], list[str], list[str]] | None:
-        """(ops, domains, names) of a graph of ``count`` nodes; None where
-        they are not (a NUL in a name, another graph)."""
-        if not count:
-            return None
-        columns = tuple(column.split("\0") for column in (self.ops, self.domains, self.names))
-        return columns if all(len(column) == count for column in columns) else None  # type: ignore[return-value]
-
-
-def string_columns(nodes: Iterable[onnx.NodeProto]) -> tuple[list[str], list[str], list[str]]:
-    """The nodes' op types, domains and names, a list each."""
-    nodes = list(nodes)
-    return [node.op_type for node in nodes], [node.domain for node in nodes], [node.name for node in nodes]
-
-
 def slot_table(columns: list[list[str]]) -> SlotTable:
     names = list(chain.from_iterable(columns))
     counts = np.fromiter(map(len, columns), np.int64, len(columns))
@@ -540,11 +504,8 @@ def build_context(
     path: str = "",
     parent: GraphContext | None = None,
     owner: int = -1,
-    columns: Callable[[], object] | None = None,
 ) -> GraphContext:
-    """Index ``graph`` and, recursively, its subgraphs. ``columns``: gives
-    its nodes' op types, domains and names read elsewhere (:class:`NodeColumns`,
-    taken where they fit), asked for once their inputs and outputs are read."""
+    """Index ``graph`` and, recursively, its subgraphs."""
     ctx = GraphContext(graph=graph, path=path, parent=parent, owner=owner)
     ctx.nodes = list(graph.node)
     ctx.input_names = [v.name for v in graph.input]
@@ -555,12 +516,7 @@ def build_context(
     # Column by column: each protobuf field is read once, in one comprehension.
     ctx.ins = [node.input[:] for node in nodes]
     ctx.outs = [node.output[:] for node in nodes]
-    found = columns() if columns is not None else None
-    given = found.split(len(nodes)) if isinstance(found, NodeColumns) else None
-    if given is not None:
-        ctx.ops, ctx.domains, ctx._names = given
-    else:
-        ctx.ops, ctx.domains = [node.op_type for node in nodes], [node.domain for node in nodes]
+    ctx.ops, ctx.domains = [node.op_type for node in nodes], [node.domain for node in nodes]
     ops, domains = ctx.ops, ctx.domains
     outputs = ctx.output_slots()  # (a later name wins, as it would in a loop over the nodes)
     ctx.producer = producer = dict(zip(outputs.names, outputs.node.tolist(), strict=True))
@@ -575,7 +531,7 @@ def build_context(
         else []
     )
     producer.pop("", None)
-    _check_utf8(ctx, () if given is not None else (ops, domains))  # (columns joined by the child are text)
+    _check_utf8(ctx, (ops, domains))
     labels: set[str] = set()
     for i in containers:
         node = ctx.nodes[i]

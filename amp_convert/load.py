@@ -12,15 +12,10 @@ Messages are one line of bounded length. Nothing here writes anything.
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
-import pickle
-import signal
 import stat
-import struct
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -80,293 +75,17 @@ def is_input_file(path: str | os.PathLike) -> bool:
         return False
 
 
-class BackgroundCheck:
-    """The ONNX checker run on the input in a forked child, while the caller
-    goes on converting on another core (the checker is C++ that holds the
-    GIL: a thread would not run beside the converter). :meth:`wait` gives
-    its verdict: nothing, or the AmpError :func:`check_input_model` raises.
-
-    Before it checks, the child can work things out from the input's bytes
-    for the converter (``ahead``: see :mod:`amp_convert.ahead`), which
-    :meth:`ahead_result` hands over by name. The child writes frames (a
-    pickled (name, value) pair, see :func:`_write_frame`): what it worked
-    out, a frame saying it is done with that (also when it failed), then its
-    verdict. Where the system has shared memory, a large frame's pickle,
-    and the buffers a value marks for it (``pickle.PickleBuffer``, as
-    :class:`~amp_convert.safety.ConstantFacts` does with its converted
-    values), go there: the child does not wait for the caller to read them
-    (it goes on to its check), and the caller maps them rather than copying
-    them through the pipe. Elsewhere everything goes through the pipe, and
-    the caller should ask for every result promptly: a large frame not read
-    holds the child, and its check, back.
-
-    Used where nothing but the converter's own Python code touches the model
-    before the verdict: no onnxruntime session, nothing written."""
-
-    def __init__(self, pid: int, read_end: int, path: Path, ahead: bool = False, shared: int | None = None) -> None:
-        self._pid, self._read_end, self._path = pid, read_end, path
-        self._shared = shared  # the memory file the child puts large buffers in (see _write_frame), or None
-        self._verdict: AmpError | bool | None = False  # False: not yet known
-        self._ahead: dict[str, object] = {}  # read, not yet handed over
-        self._ahead_done = not ahead  # (no more ahead frames will come)
-        self._said: tuple[str | None] | None = None  # the verdict frame's value, once read
-        self._ended = False  # the verdict frame, or the end of the pipe, was read
-
-    @classmethod
-    def start(
-        cls, source: bytes | str, path: Path, ahead: Callable[[bytes], Iterator[tuple[str, object]]] | None = None
-    ) -> BackgroundCheck | None:
-        """Check ``source`` (the file's bytes, or its path) in a child; None
-        when no child can be made (the caller checks it itself). ``ahead``
-        runs first, in the child, on the bytes (not on a path)."""
-        ahead = ahead if isinstance(source, bytes) else None
-        read_end, write_end = os.pipe()
-        shared = _memory_file() if ahead is not None else None
-        try:
-            with warnings.catch_warnings():  # (3.12+ warns of fork with threads: numpy's idle BLAS pool here)
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
-        except OSError:  # (out of memory or processes)
-            _close_all(read_end, write_end, shared)
-            return None
-        if pid == 0:  # the child: work ahead, check, write what it found, leave without running any cleanup
-            try:
-                os.close(read_end)
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                _die_with_parent()
-                if ahead is not None:
-                    with contextlib.suppress(Exception):  # (what it could not work out, the converter does)
-                        out = _SharedOut(shared) if shared is not None else None
-                        for found in ahead(source):
-                            _write_frame(write_end, found, out)
-                    _write_frame(write_end, (_AHEAD_DONE, None))
-                try:
-                    check_input_model(source, str(path))
-                    verdict = None
-                except AmpError as e:
-                    verdict = str(e)
-                _write_frame(write_end, (_VERDICT, verdict))
-            finally:
-                os._exit(0)
-        os.close(write_end)
-        return cls(pid, read_end, path, ahead is not None, shared)
-
-    def ahead_result(self, name: str) -> object | None:
-        """What the child worked out ahead under ``name`` (waiting for it);
-        None if it has nothing under that name, or handed it over before."""
-        if self._verdict is not False:
-            return None
-        try:
-            while name not in self._ahead and not (self._ahead_done or self._ended):
-                self._read_next()
-        except Exception:  # (a frame that could not be read: the file is checked here instead, see wait)
-            self._ended = True
-        except BaseException:
-            self.cancel()
-            raise
-        return self._ahead.pop(name, None)
-
-    def _read_next(self) -> None:
-        frame = _read_frame(self._read_end, self._shared)
-        if frame is None:  # (the child died, or wrote what cannot be read)
-            self._ended = True
-            return
-        name, value = frame
-        if name == _VERDICT:
-            self._said, self._ended = (value,), True
-        elif name == _AHEAD_DONE:
-            self._ahead_done = True
-        else:
-            self._ahead[name] = value
-
-    def wait(self) -> None:
-        """Block until the checker is done; raise its AmpError if the input fails it."""
-        if self._verdict is False:
-            try:
-                while not self._ended:
-                    self._read_next()
-                if self._said is None:  # (no verdict will come: stop a child that may be stuck writing)
-                    with contextlib.suppress(OSError):
-                        os.kill(self._pid, signal.SIGKILL)
-                try:
-                    exited = os.WIFEXITED(os.waitpid(self._pid, 0)[1])
-                except ChildProcessError:  # (SIGCHLD ignored: the system reaped it; a whole verdict came through)
-                    exited = True
-            except BaseException:  # interrupted while waiting: leave no child behind
-                self.cancel()
-                raise
-            self._close()
-            if not (exited and self._said is not None):  # the child died (out of memory?): check the file here
-                try:
-                    check_input_model(str(self._path), str(self._path))
-                    self._verdict = None
-                except AmpError as e:
-                    self._verdict = e
-            else:
-                self._verdict = None if self._said[0] is None else AmpError(self._said[0])
-        if self._verdict is not None:
-            raise self._verdict
-
-    def cancel(self) -> None:
-        """Stop the child (the caller is being interrupted)."""
-        if self._verdict is False:
-            with contextlib.suppress(OSError):
-                os.kill(self._pid, signal.SIGKILL)
-                os.waitpid(self._pid, 0)
-            self._close()
-            self._verdict = None
-
-    def _close(self) -> None:
-        """Close the pipe and the memory file (what was mapped from it stays)."""
-        _close_all(self._read_end, self._shared)
-        self._shared = None
-        self._ahead.clear()
-
-
-# The frames' names for the end of the ahead results and for the verdict (no result is named so).
-_AHEAD_DONE, _VERDICT = "\0ahead-done", "\0verdict"
-# A frame's header: the length of its pickle in the pipe (0: the pickle is
-# in shared memory, at the first place listed), and how many places in the
-# memory file follow (each an offset and a length); then the pickle, if in the pipe.
-_FRAME_HEADER = struct.Struct("<QI")
-_BUFFER_PLACE = struct.Struct("<QQ")
-_PIPE_PICKLE_MOST = 1 << 14  # (a larger pickle goes to shared memory, where there is some: a pipe holds 64 KiB)
-
-
-def _close_all(*fds: int | None) -> None:
-    for fd in fds:
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
-def _memory_file() -> int | None:
-    """A file in memory, shared with the child made next (Linux); None where there is none."""
-    try:
-        return os.memfd_create("amp-convert-ahead", os.MFD_CLOEXEC)
-    except (AttributeError, OSError):
-        return None
-
-
-class _SharedOut:
-    """The child's side of the memory file: buffers written one after the
-    other, each at a page boundary (where the caller maps it)."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd, self.end = fd, 0
-
-    def put(self, view: memoryview) -> tuple[int, int]:
-        offset, n = self.end, view.nbytes
-        done = 0
-        while done < n:
-            done += os.pwrite(self.fd, view[done:], offset + done)
-        self.end = -(-(offset + n) // mmap.ALLOCATIONGRANULARITY) * mmap.ALLOCATIONGRANULARITY
-        return offset, n
-
-
-def _write_frame(fd: int, value: object, shared: _SharedOut | None = None) -> None:
-    """A frame (see _FRAME_HEADER). With ``shared``, a large pickle and the
-    buffers the value marks (``pickle.PickleBuffer``) go there; else all
-    goes into the pipe."""
-    buffers: list[pickle.PickleBuffer] = []
-    data = pickle.dumps(value, protocol=5, buffer_callback=buffers.append if shared is not None else None)
-    views = [b.raw() for b in buffers]
-    in_pipe = shared is None or len(data) <= _PIPE_PICKLE_MOST
-    if not in_pipe:
-        views.insert(0, memoryview(data))
-    places = b"".join(_BUFFER_PLACE.pack(*shared.put(v)) for v in views) if views else b""
-    header = _FRAME_HEADER.pack(len(data) if in_pipe else 0, len(views)) + places
-    for part in (header, data) if in_pipe else (header,):  # (the pickle, which may be large, is not copied again)
-        view = memoryview(part)
-        while view:
-            view = view[os.write(fd, view) :]
-
-
-def _read_frame(fd: int, shared: int | None = None) -> tuple[str, object] | None:
-    """The next frame's (name, value), its shared buffers mapped (read-only)
-    from the memory file ``shared``; None where the child stopped before a
-    whole frame."""
-    header = _read_exactly(fd, _FRAME_HEADER.size)
-    if header is None:
-        return None
-    length, count = _FRAME_HEADER.unpack(header)
-    table = _read_exactly(fd, count * _BUFFER_PLACE.size) if count else b""
-    if table is None or not (length or count):
-        return None
-    places = list(_BUFFER_PLACE.iter_unpack(table))
-    try:
-        data = _read_exactly(fd, length) if length else _mapped(shared, *places.pop(0))
-        if data is None:
-            return None
-        name, value = pickle.loads(data, buffers=[_mapped(shared, *place) for place in places])
-    except Exception:  # (a torn frame: as if the child had died)
-        return None
-    return name, value
-
-
-def _mapped(shared: int | None, offset: int, length: int) -> mmap.mmap | bytes:
-    """A read-only map of ``length`` bytes of the memory file, its pages
-    mapped at once (all of it is read: page by page, first reads cost twice)."""
-    if shared is None:
-        raise ValueError("a frame with shared buffers, but no memory file")
-    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-    return mmap.mmap(shared, length, flags=flags, prot=mmap.PROT_READ, offset=offset) if length else b""
-
-
-def _read_exactly(fd: int, n: int) -> bytearray | None:
-    buffer = bytearray(n)
-    view, got = memoryview(buffer), 0
-    while got < n:
-        k = os.readv(fd, [view[got:]])
-        if k == 0:
-            return None
-        got += k
-    return buffer
-
-
-def _die_with_parent() -> None:
-    """Linux: the checker child is killed with its parent (SIGKILL leaves no orphan)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-# Below this many bytes of model the checker takes a few milliseconds: not worth
-# a process. Above the second, the child's own copy of the model costs more
-# memory than the time it saves is worth (conversion is then mostly tensor work).
-BACKGROUND_CHECK_BYTES = 4 << 20
-BACKGROUND_CHECK_MAX_BYTES = 256 << 20
-
-
 @dataclass
 class LoadedModel:
     model: onnx.ModelProto
     external_files: frozenset[str]  # data files (relative to the model's folder) its tensors referred to
-    check: BackgroundCheck | None = field(default=None, repr=False)  # the checker, when still running
 
     @contextlib.contextmanager
     def checked(self) -> Iterator[None]:
-        """Run the block while the checker finishes; leave it only with the
-        input checked. A failing input's error wins over any error the
-        block raised on it (as when the checker ran first)."""
-        if self.check is None:
-            yield
-            return
-        try:
-            yield
-        except Exception:
-            self.check.wait()
-            raise
-        except BaseException:
-            self.check.cancel()
-            raise
-        self.check.wait()
-
-    def ahead_result(self, name: str) -> object | None:
-        """What the checker child worked out ahead under ``name`` (see :func:`read_model`), or None."""
-        return self.check.ahead_result(name) if self.check is not None else None
+        """Run the block on the checked input. (The input is checked as it
+        is read: nothing is left to wait for. Kept while the CLI wraps its
+        conversion in it.)"""
+        yield
 
 
 def load_model(path: str | os.PathLike, *, lazy_external: bool = False) -> onnx.ModelProto:
@@ -377,40 +96,16 @@ def load_model(path: str | os.PathLike, *, lazy_external: bool = False) -> onnx.
     return read_model(path, lazy_external=lazy_external).model
 
 
-def read_model(
-    path: str | os.PathLike,
-    *,
-    lazy_external: bool = False,
-    background: bool = False,
-    ahead: Callable[[bytes], Iterator[tuple[str, object]]] | None = None,
-) -> LoadedModel:
-    """:func:`load_model`, also naming the external data files it read from.
-
-    ``background``: a large model is checked by a child process on another
-    core; the caller must run its work in ``LoadedModel.checked()``.
-    ``ahead``: what that child first works out from the model's bytes
-    (when they hold all of it): (name, value) pairs, for
-    ``LoadedModel.ahead_result(name)``."""
+def read_model(path: str | os.PathLike, *, lazy_external: bool = False) -> LoadedModel:
+    """:func:`load_model`, also naming the external data files it read from."""
     p = Path(path)
     data = _read(p)
     _remember_input(p)
-    check = None
-    background = background and BACKGROUND_CHECK_BYTES <= len(data) <= BACKGROUND_CHECK_MAX_BYTES and _can_fork()
+    model = _parse(p, data)
+    check_versions(model, str(p))
+    check_calls(model, str(p))
     # Serialized bytes without a location entry hold no external tensor (the walk over every tensor is skipped).
     located = _LOCATION_KEY_BYTES in data
-    if background and not located:
-        # No external data: the child starts before the model is parsed, so
-        # the pages the conversion writes were never shared with it (each
-        # first write to a shared page would copy it).
-        check = BackgroundCheck.start(data, p, ahead)
-    try:
-        model = _parse(p, data)
-        check_versions(model, str(p))
-        check_calls(model, str(p))
-    except BaseException:
-        if check is not None:
-            check.cancel()
-        raise
     external = list(_external_tensors(model)) if located else []
     in_functions = list(_function_external_tensors(model)) if located else []
     data_files = frozenset(external_info(t).get("location", "") for t in [*external, *in_functions])  # (before reading)
@@ -421,20 +116,11 @@ def read_model(
     if in_functions:
         _check_external_data(in_functions, p)
         _read_external(in_functions, p, name_tensor=True)
-    if check is None and background and (lazy_external or not external):
-        check = BackgroundCheck.start(source, p, ahead)
-    if check is None:
-        check_input_model(source, str(p))
-        if external and not lazy_external:
-            _read_external(external, p)
+    check_input_model(source, str(p))
+    if external and not lazy_external:
+        _read_external(external, p)
     del data
-    return LoadedModel(model, data_files, check)
-
-
-def _can_fork() -> bool:
-    """A child on another core: where there is fork, and another core to run it."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return hasattr(os, "fork") and cores > 1
+    return LoadedModel(model, data_files)
 
 
 # ------------------------------------------------------------------ reading

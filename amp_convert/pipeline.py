@@ -11,15 +11,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import partial
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import onnx
 
-from .ahead import RESULTS as AHEAD_RESULTS
-from .ahead import fitting_facts
 from .check import CHECK_MODES, check_converted
 from .cleanup import cast_triples, clean_up, count_casts, indexed_casts
 from .coverage import Coverage, coverage
@@ -84,9 +81,7 @@ class _Timer:
 
 
 def load_input(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
-    """A private copy of the input: the caller's model (or file) is never changed.
-    (Checked here, not in a child process: the caller's process may run
-    threads that a fork would not take along.)"""
+    """A private copy of the input, checked: the caller's model (or file) is never changed."""
     if isinstance(model, onnx.ModelProto):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
@@ -109,7 +104,6 @@ def convert(
     in_place: bool = False,
     external_dir: str | os.PathLike | None = None,
     on_stage: Callable[[str], None] | None = None,
-    ahead: Callable[[str], object] | None = None,
     **option_values,
 ) -> ConversionResult:
     """Convert an fp32 model to mixed precision.
@@ -123,9 +117,7 @@ def convert(
     checking it again (the caller gives it up). ``external_dir`` is the
     folder of a model whose external data was left on disk
     (``load_model(path, lazy_external=True)``): tensors are read from there
-    one at a time. ``ahead``: gives
-    by name what was worked out ahead on this same model (see
-    :mod:`amp_convert.ahead`), or None; asked once for each, when needed.
+    one at a time.
     """
     if options is not None and option_values:
         raise TypeError("pass either options or keyword options, not both")
@@ -133,7 +125,7 @@ def convert(
         raise ValueError(f"check must be one of {', '.join(CHECK_MODES)}, not {check!r}")
     options = (options or ConvertOptions(**_tuples(option_values))).validated()
     base_dir = Path(external_dir) if external_dir is not None else None
-    return _convert(model, options, check, calibration, in_place, base_dir, _Timer(on_stage), ahead)
+    return _convert(model, options, check, calibration, in_place, base_dir, _Timer(on_stage))
 
 
 def _convert(
@@ -144,7 +136,6 @@ def _convert(
     in_place: bool,
     base_dir: Path | None,
     timer: _Timer,
-    ahead: Callable[[str], object] | None,
 ) -> ConversionResult:
     work = model if in_place and isinstance(model, onnx.ModelProto) else load_input(model)
     timer.lap("load")
@@ -160,11 +151,7 @@ def _convert(
     if folded:
         notes.append(_fold_note(folded, options.effective_level))
         timer.lap("fold")
-    if ahead is not None and (work is not given or folded):  # (worked out on the model as given: taken, and left)
-        for name in AHEAD_RESULTS:
-            ahead(name)
-        ahead = None
-    ctx = build_context(work.graph, columns=None if ahead is None else partial(ahead, "columns"))
+    ctx = build_context(work.graph)
     input_casts = indexed_casts(ctx)
     casts_before = len(input_casts) if work is given else count_casts(given)
     timer.lap("index")
@@ -178,8 +165,6 @@ def _convert(
     if calibration is None and options.safety_on:
         notes.append("calibrated range rule inactive: no reference data")
     ranges = ConstantRanges(clip=options.clip_initializers, base_dir=base_dir)
-    if ahead is not None:  # (asked for where first needed: the checker child may still be working them out)
-        ranges.offer(ctx.path, lambda: fitting_facts(ahead("constants"), options.low))
     plan = make_plan(work, ctx, options, ranges, calibration)
     plan.notes[:0] = notes
     plan.folded = [(bn, conv) for conv, bn in folded]

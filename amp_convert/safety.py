@@ -10,10 +10,7 @@ low precision.
 
 from __future__ import annotations
 
-import copyreg
-import mmap
-import pickle
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -130,9 +127,7 @@ def raw_float32(tensor: onnx.TensorProto) -> np.ndarray:
 class ConstantFacts:
     """What one vectorised pass over many small raw float32 constants finds,
     a row per constant: their statistics, and their values already in the
-    low dtype for the rewrite. Worked out by :func:`constant_facts`, in the
-    converter or, ahead of it, in the child that checks the input (see
-    :mod:`amp_convert.ahead`): plain lists and bytes, cheap to send."""
+    low dtype for the rewrite. Worked out by :func:`constant_facts`."""
 
     low: str  # the key of the low dtype of ``low_data``
     names: list[str]
@@ -143,19 +138,8 @@ class ConstantFacts:
     underflow_fp16: dict[int, int]  # row -> non-zero values that round to zero (rows with none are left out)
     underflow_bf16: dict[int, int]
     flushed: dict[int, int]  # row -> non-zero values that are zero in ``low_data``
-    # Every row's values in the low dtype, one row after the other (as sent
-    # by the checker child: mapped read-only from shared memory, sliced into bytes alike).
-    low_data: bytes | mmap.mmap
+    low_data: bytes  # every row's values in the low dtype, one row after the other
     ends: list[int]  # where each row's values end in ``low_data``
-
-    def __reduce_ex__(self, protocol: int) -> tuple:
-        """Pickled (protocol 5 on) with the values marked as a buffer the
-        pickle may carry out of band (see :class:`amp_convert.load.BackgroundCheck`);
-        without a place for them they are pickled as bytes."""
-        state = self.__dict__.copy()
-        if protocol >= 5 and state["low_data"]:
-            state["low_data"] = pickle.PickleBuffer(state["low_data"])
-        return copyreg.__newobj__, (type(self),), state
 
     def stats(self, row: int) -> ValueStats:
         return ValueStats(
@@ -266,7 +250,6 @@ class ConstantRanges:
         self._stats: dict[tuple[str, str], ValueStats] = {}
         # graph path -> the facts gathered there, and each name's (facts, row) in them
         self._facts: dict[str, list[ConstantFacts]] = {}
-        self._offers: dict[str, Callable[[], list[ConstantFacts] | None]] = {}  # graph path -> facts to ask for (see offer)
         self._rows: dict[str, dict[str, tuple[ConstantFacts, int]]] = {}
         # (graph path, low dtype) -> the names there that may carry an unrepresentable constant,
         # and, for those judged, why a node cannot read them low (None: it can)
@@ -295,22 +278,12 @@ class ConstantRanges:
 
     def gather(self, ctx: GraphContext, low: LowDtype) -> None:
         """Gather the facts on graph ``ctx``'s constants in ``low``, unless
-        they are (by the planner, or by the input's checker child: see
-        :meth:`offer`)."""
+        they are (by the planner)."""
         if ctx.path not in self._facts:
-            offered = self._offers.pop(ctx.path, None)
-            facts = offered() if offered is not None else None
-            self.adopt(ctx.path, facts if facts is not None else graph_constant_facts(ctx.initializers, ctx.nodes, ctx.ops, low))
-
-    def offer(self, scope: str, facts: Callable[[], list[ConstantFacts] | None]) -> None:
-        """Facts on the graph at path ``scope`` worked out elsewhere (by the
-        input's checker child), asked for (``facts()``) when :meth:`gather`
-        first needs them, the later the likelier they are there: None where
-        they did not come or do not fit (they are gathered here then)."""
-        self._offers[scope] = facts
+            self.adopt(ctx.path, graph_constant_facts(ctx.initializers, ctx.nodes, ctx.ops, low))
 
     def adopt(self, scope: str, facts: list[ConstantFacts]) -> None:
-        """Take facts gathered on the graph at path ``scope`` (here, or by the input's checker child)."""
+        """Take facts gathered on the graph at path ``scope``."""
         self._facts.setdefault(scope, []).extend(facts)
         rows = self._rows.setdefault(scope, {})
         for f in facts:
