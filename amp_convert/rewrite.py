@@ -439,7 +439,7 @@ class Rewriter:
         self._constant_values: list[tuple[str, str, onnx.TensorProto]] = []
         self._constants: list[tuple[onnx.TensorProto, str, bytes]] = []
         # per scope: (Casts to put first, Casts to put after node i), filled while its subgraphs are rewritten too
-        self._placements: dict[str, tuple[list[bytes], dict[int, list[bytes]]]] = {}
+        self._placements: dict[str, tuple[list[onnx.NodeProto], dict[int, list[onnx.NodeProto]]]] = {}
         # (graph path, name) of constants whose low version no node uses (see safety.unused_values)
         self._unused_low: set[tuple[str, str]] = set()
 
@@ -468,8 +468,8 @@ class Rewriter:
     def _rewrite_graph(self, ctx: GraphContext) -> None:
         versions: dict[str, dict[int, str]] = {}
         self._versions[ctx.path] = versions
-        top: list[bytes] = []  # new Casts, as encoded NodeProtos
-        after: dict[int, list[bytes]] = {}
+        top: list[onnx.NodeProto] = []  # new nodes (Casts, mostly)
+        after: dict[int, list[onnx.NodeProto]] = {}
         self._placements[ctx.path] = (top, after)
         changed: dict[str, int] = {}  # tensor -> new element type (for value_info)
         self._changed[ctx.path] = changed
@@ -821,9 +821,9 @@ class Rewriter:
         nodes. Made in the order first asked (the order of the reading
         input slots), they take the names and places :meth:`_version` would
         give them one at a time; made together, their names are checked in
-        one set operation and the nodes encoded in one pass (a large model
+        one set operation (a large model
         asks for tens of thousands). Nothing asks for such a graph's
-        versions afterwards: they are not recorded. Returned encoded, for
+        versions afterwards: they are not recorded. Returned for
         :func:`_place`; None where none was asked for."""
         keys, sources, first_reads, reading = _settled_casts(ctx, settled, self.low.onnx_type)
         readers = _merge_asked(keys, sources, first_reads, asked)
@@ -841,7 +841,8 @@ class Rewriter:
         self.retyped.update(zip(targets, needs, strict=True))
         self.new_casts.extend(zip(sources, targets, needs, strict=True))
         self.stats.casts_inserted += len(keys)
-        return _Batch(cast_records(sources, targets, needs, cast_names), places)
+        casts = list(map(cast_node, sources, targets, needs, cast_names))
+        return _Batch(casts, places)
 
     def _cast_names(self, keys: list[tuple[str, int]]) -> tuple[list[str], list[str]]:
         """The output and node names of the Casts of ``keys`` (tensor, type),
@@ -877,14 +878,14 @@ class Rewriter:
         fill = helper.make_node(
             "ConstantOfShape", [node.input[0]], [value.name], name=self.names(f"{value.name}_fill"), value=value
         )
-        after.setdefault(i, []).append(fill.SerializeToString())
+        after.setdefault(i, []).append(fill)
         return value.name
 
-    def _cast_node(self, source: str, target: str, to: int) -> bytes:
+    def _cast_node(self, source: str, target: str, to: int) -> onnx.NodeProto:
         self.retyped[target] = to
         self.new_casts.append((source, target, to))
         self.stats.casts_inserted += 1
-        return encoded_cast(source, target, to, self.names(f"{target}_cast"))
+        return cast_node(source, target, to, self.names(f"{target}_cast"))
 
     # -------------------------------------------------------------- node body
 
@@ -943,7 +944,7 @@ class Rewriter:
 
 
 # Up to this many new nodes are inserted where they go (each insert shifts the
-# list); more are appended in one parse and the list is sorted into place.
+# list); more are appended and the list is sorted into place.
 _INSERT_AT_MOST = 256
 # Where a batch's node made after node i goes (see _place): after i's other new nodes.
 _AFTER_OTHERS = 0.75
@@ -951,11 +952,10 @@ _AFTER_OTHERS = 0.75
 
 @dataclass(frozen=True)
 class _Batch:
-    """New nodes made together, encoded as GraphProto.node fields joined,
-    and the place of each, as :func:`_place` orders them: -1 first, ``i +
-    _AFTER_OTHERS`` after node ``i``."""
+    """New nodes made together, and the place of each, as :func:`_place`
+    orders them: -1 first, ``i + _AFTER_OTHERS`` after node ``i``."""
 
-    records: bytes
+    nodes: list[onnx.NodeProto]
     places: list[float]
 
 
@@ -974,107 +974,35 @@ def declare_initializers(root: GraphContext) -> None:
                 v.type.tensor_type.elem_type = tensor.data_type
 
 
-def _place(ctx: GraphContext, top: list[bytes], after: dict[int, list[bytes]], made: _Batch | None) -> None:
-    """Put the encoded nodes ``top`` first, ``after[i]`` right after node
-    ``i``, and the batch ``made`` where it says (after those), keeping the
-    order topological."""
+def _place(
+    ctx: GraphContext, top: list[onnx.NodeProto], after: dict[int, list[onnx.NodeProto]], made: _Batch | None
+) -> None:
+    """Put the nodes ``top`` first, ``after[i]`` right after node ``i``, and
+    the batch ``made`` where it says (after those), keeping the order
+    topological."""
     container = ctx.graph.node
     places = [-1.0] * len(top)
-    encoded = list(top)
+    added = list(top)
     for i, nodes in after.items():
         places.extend(i + k / (2 * len(nodes) + 2) for k in range(1, len(nodes) + 1))  # (before _AFTER_OTHERS)
-        encoded.extend(nodes)
-    records = b"".join(chain.from_iterable((_NODE_FIELD, _length(len(node)), node) for node in encoded))
+        added.extend(nodes)
     if made is not None:
-        records += made.records
+        added += made.nodes
         places += made.places
     if len(places) <= _INSERT_AT_MOST:
-        added = onnx.GraphProto.FromString(records).node
         for rank, k in enumerate(sorted(range(len(places)), key=places.__getitem__)):
             place = places[k]
             container.insert(rank + (int(place) + 1 if place >= 0 else 0), added[k])  # (after the rank nodes added before it)
         return
     # Sorting moves the nodes; writing the list anew would copy every one of them.
     n = len(container)
-    ctx.graph.MergeFromString(records)
+    container.extend(added)
     sort_nodes(container, [*range(n), *places])  # (one per original node, one per node added)
 
 
-# Protobuf wire format: a field's key is (number << 3 | wire type); 2 is
-# length-delimited (strings, messages), 0 a varint.
-_NODE_FIELD = bytes([1 << 3 | 2])  # GraphProto.node
-_CAST_OP = bytes([4 << 3 | 2, 4]) + b"Cast"  # NodeProto.op_type
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _string_field(key: bytes, text: str) -> bytes:
-    data = text.encode()
-    n = len(data)
-    return key + _length(n) + data
-
-
-_SHORT_LENGTHS = [bytes((n,)) for n in range(128)]
-
-
-def _length(n: int) -> bytes:
-    """A length, as protobuf writes it before a string or a message."""
-    return _SHORT_LENGTHS[n] if n < 128 else _varint(n)
-
-
-_INPUT, _OUTPUT, _NAME = (bytes([number << 3 | 2]) for number in (1, 2, 3))  # NodeProto's string fields
-
-
-def _to_attribute(to: int) -> bytes:
-    """NodeProto.attribute (5) holding AttributeProto{name (1) "to", i (3), type (20) INT}."""
-    attr = _string_field(b"\x0a", "to") + bytes([3 << 3]) + _varint(to) + _varint(20 << 3) + _varint(onnx.AttributeProto.INT)
-    return bytes([5 << 3 | 2]) + _varint(len(attr)) + attr
-
-
-def encoded_cast(source: str, target: str, to: int, name: str) -> bytes:
-    """A Cast node, serialized: the same bytes as building the NodeProto and
-    calling SerializeToString, at a fraction of the cost (a large model
-    gets tens of thousands; :func:`_place` adds them in one parse)."""
-    s, t, n = source.encode(), target.encode(), name.encode()
-    if len(s) < 128 and len(t) < 128 and len(n) < 128:  # (the usual names: one-byte lengths, one join)
-        short = _SHORT_LENGTHS
-        fields = (_INPUT, short[len(s)], s, _OUTPUT, short[len(t)], t, _NAME, short[len(n)], n, _CAST_OP, _TO_ATTRIBUTES[to])
-        return b"".join(fields)
-    ends = _string_field(_NAME, name) + _CAST_OP + _TO_ATTRIBUTES[to]
-    return _string_field(_INPUT, source) + _string_field(_OUTPUT, target) + ends
-
-
-_TO_ATTRIBUTES = {to: _to_attribute(to) for to in onnx.TensorProto.DataType.values()}
-# The same as text (one character per byte: latin-1), with the op type before them.
-_CAST_ENDS = {to: (_CAST_OP + attribute).decode("latin-1") for to, attribute in _TO_ATTRIBUTES.items()}
-# A node's length as protobuf writes it, as text (latin-1): up to the longest Cast of names under 128 bytes.
-_LENGTH_TEXT = [_length(n).decode("latin-1") for n in range(512)]
-
-
-def cast_records(sources: list[str], targets: list[str], tos: list[int], names: list[str]) -> bytes:
-    """Cast nodes as GraphProto.node fields, joined: what
-    :func:`encoded_cast` gives each, with its field key and length. The
-    usual Casts (ASCII names under 128 characters: a byte each, one-byte
-    lengths) are written as text, one format each, and encoded once."""
-    pieces = []
-    add = pieces.append
-    for source, target, to, name in zip(sources, targets, tos, names, strict=True):
-        ends = _CAST_ENDS[to]
-        ns, nt, nn = len(source), len(target), len(name)
-        if ns < 128 and nt < 128 and nn < 128 and (source + target + name).isascii():
-            text = _LENGTH_TEXT
-            add(f"\n{text[6 + ns + nt + nn + len(ends)]}\n{text[ns]}{source}\x12{text[nt]}{target}\x1a{text[nn]}{name}{ends}")
-        else:
-            node = encoded_cast(source, target, to, name)
-            add((_NODE_FIELD + _length(len(node)) + node).decode("latin-1"))
-    return "".join(pieces).encode("latin-1")
+def cast_node(source: str, target: str, to: int, name: str) -> onnx.NodeProto:
+    """A Cast of ``source`` to element type ``to``, writing ``target``."""
+    return helper.make_node("Cast", [source], [target], name=name, to=to)
 
 
 def _outer_scope(ctx: GraphContext, name: str) -> GraphContext | None:

@@ -439,24 +439,6 @@ def test_chained_types_are_the_loops_on_random_graphs(case):
 
 
 @pytest.mark.parametrize(
-    "source",
-    ["x", "layer.0/ln/Add_output_0", "x" * 60, "x" * 127, "x" * 128, "x" * 500, "poids_é", "重み"],
-)
-def test_cast_records_are_the_bytes_protobuf_writes(source):
-    """The Casts the rewrite makes together are written as text where
-    their names allow (ASCII, lengths of one byte): byte for byte what
-    protobuf writes for the same nodes, for every name."""
-    tos = [TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT]
-    sources = [source, "y", source]
-    targets = [f"{source}_fp16", f"{source}_bf16", "y_fp32"]
-    names = [f"{target}_cast" for target in targets]
-    expected = onnx.GraphProto(
-        node=[helper.make_node("Cast", [s], [t], name=n, to=to) for s, t, n, to in zip(sources, targets, names, tos, strict=True)]
-    )
-    assert rewrite.cast_records(sources, targets, tos, names) == expected.SerializeToString()
-
-
-@pytest.mark.parametrize(
     ("casts", "types", "may_be"),
     [
         ([("x", "x_fp16", TensorProto.FLOAT16)], {"x": TensorProto.FLOAT}, False),

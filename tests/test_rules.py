@@ -1290,19 +1290,6 @@ def test_a_captured_value_is_cast_once_in_its_own_scope():
             assert close(run(m, feeds)[0], run(out, feeds)[0])
 
 
-@pytest.mark.parametrize("to", [onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16])
-@pytest.mark.parametrize("length", [1, 127, 128, 20_000])
-def test_encoded_casts_are_the_bytes_onnx_serializes(to, length):
-    """New Casts are written as wire bytes (one parse adds thousands); they
-    must be exactly what onnx's helper builds, names of any length and
-    non-ASCII included (lengths from 128 bytes take a two-byte varint)."""
-    from amp_convert.rewrite import encoded_cast
-
-    source, target, name = "x" * length, "é" * length, "n" * (length + 1)
-    expected = helper.make_node("Cast", [source], [target], name=name, to=to).SerializeToString()
-    assert encoded_cast(source, target, to, name) == expected
-
-
 # ---------------------------------------------------------------- names
 
 
