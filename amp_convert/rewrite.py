@@ -18,7 +18,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 from operator import is_not
@@ -211,31 +211,14 @@ _Asked = dict[tuple[str, int], tuple[str, list[tuple[int, int]], int]]
 
 
 @dataclass(frozen=True)
-class _SettledReads:
-    """Input slots of a main graph without bodies whose Casts the arrays
-    settle (see :func:`_nodes_to_visit`): each reads, in the other type, a
-    tensor with no version but itself, not a constant's output: a float32
-    tensor read low, or one the rewrite made low read float32. Their
-    positions among the graph's input slots (in graph order), and whether
-    each is read low."""
-
-    positions: np.ndarray
-    low: np.ndarray
-
-
-_NO_READS = _SettledReads(np.zeros(0, np.int64), np.zeros(0, bool))
-
-
-@dataclass(frozen=True)
 class _Visits:
     """What the rewrite looks at (see :func:`_nodes_to_visit`): the nodes,
     in graph order; in a graph whose Casts are made together, the inputs to
     look at of each node visited for them (None: every input of every node
-    visited), and the reads whose Casts are settled without a visit."""
+    visited)."""
 
     nodes: list[int]
     slots_of: dict[int, list[int]] | None = None
-    settled: _SettledReads = _NO_READS
 
 
 def _casts_together(ctx: GraphContext) -> bool:
@@ -276,7 +259,7 @@ def _nodes_to_visit(
     reads: _SlotReads,
     changed: dict[str, int],
     output_producers: set[int],
-    unsettled: Collection[str] | None,
+    together: bool,
 ) -> _Visits:
     """The nodes the rewrite must look at, in graph order: those with an
     input whose tensor may not have the type the node reads it in, control
@@ -289,10 +272,8 @@ def _nodes_to_visit(
     settle is looked at. Also, in a main graph without bodies, the inputs
     to look at of each node visited for them (None: every input of every
     node visited; the nodes visited for other reasons have every input
-    looked at), and the reads whose Casts the arrays settle without a
-    visit (:class:`_SettledReads`; never those of ``unsettled`` names,
-    nor those of nodes visited for other reasons), where its Casts are
-    made together (``unsettled`` not None: see :func:`_casts_together`)."""
+    looked at), where its Casts are made together (``together``: see
+    :func:`_casts_together`)."""
     keep_all = bool(ctx.subgraphs)  # (with bodies to rewrite, even nodes without float32 are looked at)
     always = {i for i in output_producers if keep_all or precision[i] is not _UNCHANGED}
     always.update(ctx.subgraphs)
@@ -306,8 +287,7 @@ def _nodes_to_visit(
         return _Visits(sorted(always))
     n, count = len(ctx.ins), len(flat)
     # Each input's tensor: its type, or _RETYPED if it was float32 and is low now.
-    declared = ctx.input_types()
-    t = declared.copy()
+    t = ctx.input_types().copy()
     t[ctx.tensors().slots_in(changed)] = _RETYPED
     look = np.where(reads.low, t == FLOAT, t == _RETYPED)  # read low but float32, or read float32 but now low
     look |= (t == UNTYPED) | reads.odd
@@ -316,14 +296,10 @@ def _nodes_to_visit(
     look &= ~reads.agnostic
     if not keep_all:
         look &= np.fromiter(map(is_not, precision, repeat(_UNCHANGED)), bool, n)[node]
-    if unsettled is None:
+    if not together:
         always.update(np.unique(node[look]).tolist())
         return _Visits(sorted(always))
-    settles = look & _settles(ctx, t, declared, reads, unsettled)
-    if always:
-        settles &= ~np.isin(node, list(always))
-    settled = np.flatnonzero(settles)
-    hits = np.flatnonzero(look & ~settles)
+    hits = np.flatnonzero(look)
     slots_of: dict[int, list[int]] = {}
     for i, slot in zip(node[hits].tolist(), table.slot[hits].tolist(), strict=True):
         found = slots_of.get(i)
@@ -333,79 +309,7 @@ def _nodes_to_visit(
             found.append(slot)
     for i in always:
         slots_of.pop(i, None)
-    return _Visits(sorted(always.union(slots_of)), slots_of, _SettledReads(settled, reads.low[settled]))
-
-
-def _settles(
-    ctx: GraphContext, types: np.ndarray, declared: np.ndarray, reads: _SlotReads, unsettled: Collection[str]
-) -> np.ndarray:
-    """Per input slot (of a main graph whose Casts are made together):
-    whether, if its node reads it in another type than its tensor has, the
-    Cast is of the tensor itself (see :class:`_SettledReads`): a float32
-    tensor read low, or one made low (``types``: _RETYPED, ``declared``:
-    float32) read float32; a tensor the graph holds, not one of
-    ``unsettled``, in a slot the masks say."""
-    tensors = ctx.tensors()
-    settles = np.where(reads.low, types == FLOAT, (types == _RETYPED) & (declared == FLOAT))
-    return settles & ~reads.odd & (tensors.of_slot >= 0) & ~tensors.slots_in(unsettled)
-
-
-def _settled_casts(
-    ctx: GraphContext, settled: _SettledReads, low: int
-) -> tuple[list[tuple[str, int]], list[str], list[int], np.ndarray]:
-    """One Cast per (tensor, type) the ``settled`` reads ask for: their
-    keys (tensor, type), their sources (each the tensor itself: its only
-    version), the input slot of each one's first read, and each read's Cast
-    (its number in those lists). Found with one np.unique over the tensors'
-    numbers, doubled, plus 1 for a read in the low type."""
-    positions = settled.positions
-    _, firsts, reading = np.unique(ctx.tensors().of_slot[positions] * 2 + settled.low, return_index=True, return_inverse=True)
-    first_reads = positions[firsts].tolist()
-    names = list(map(ctx.input_slots().names.__getitem__, first_reads))
-    keys = list(zip(names, np.where(settled.low[firsts], low, FLOAT).tolist(), strict=True))
-    return keys, names.copy(), first_reads, reading
-
-
-def _merge_asked(
-    keys: list[tuple[str, int]], sources: list[str], first_reads: list[int], asked: _Asked
-) -> dict[int, list[tuple[int, int]]]:
-    """Add the Casts the loop over the nodes ``asked`` for to those of the
-    settled reads (``keys``, ``sources``, ``first_reads``: extended in
-    place), one per (tensor, type); the reads the loop asked each for, by
-    Cast number. (A Cast both ask for: its tensor's only version is itself
-    for either, and its first read the earlier.)"""
-    number = dict(zip(keys, range(len(keys)), strict=True)) if asked else {}
-    readers: dict[int, list[tuple[int, int]]] = {}
-    for key, (source, reads, first) in asked.items():
-        k = number.get(key)
-        if k is None:
-            k = number[key] = len(keys)
-            keys.append(key)
-            sources.append(source)
-            first_reads.append(first)
-        else:
-            first_reads[k] = min(first_reads[k], first)
-        readers[k] = reads
-    return readers
-
-
-def _redirect(
-    ctx: GraphContext,
-    settled: _SettledReads,
-    settled_targets: list[str],
-    readers: dict[int, list[tuple[int, int]]],
-    target_of: np.ndarray,
-) -> None:
-    """Point each read at its Cast's output: the settled reads (to
-    ``settled_targets``, one per read) and those the loop asked for
-    (``readers``, by Cast number: to ``target_of`` that number)."""
-    nodes, table, positions = ctx.nodes, ctx.input_slots(), settled.positions
-    for j, slot, target in zip(table.node[positions].tolist(), table.slot[positions].tolist(), settled_targets, strict=True):
-        nodes[j].input[slot] = target
-    for k, reads in readers.items():
-        target = target_of[k]
-        for j, slot in reads:
-            nodes[j].input[slot] = target
+    return _Visits(sorted(always.union(slots_of)), slots_of)
 
 
 class Rewriter:
@@ -512,8 +416,7 @@ class Rewriter:
         together = _casts_together(ctx)
         # (constants' low versions may be copies; other versions than itself are looked up: their reads are visited)
         constants = _constant_outputs(ctx) if together else set()
-        unsettled = constants.union(versions, ctx.output_names) if together else None
-        visits = _nodes_to_visit(ctx, precision, reads, changed, output_producers, unsettled)
+        visits = _nodes_to_visit(ctx, precision, reads, changed, output_producers, together)
         slots_of = visits.slots_of
         asked: _Asked | None = {} if together else None
         starts = ctx.input_slots().starts() if together else None
@@ -554,7 +457,7 @@ class Rewriter:
                 self._lower_node(ctx.nodes[i], ctx.path)
             if i in output_producers:
                 self._fix_graph_outputs(ctx, i, ctx.nodes[i], changed, after)
-        asked_casts = self._make_asked(ctx, asked, visits.settled) if asked is not None else None
+        asked_casts = self._make_asked(ctx, asked) if asked is not None else None
         self._unused_low.update((ctx.path, name) for name in unused_values(ctx, low_ins))
         if ctx.parent is not None:
             self._fix_passthrough_outputs(ctx, top, after)
@@ -815,34 +718,32 @@ class Rewriter:
         self._versions[home.path][name] = {**vs, need: target}
         return target
 
-    def _make_asked(self, ctx: GraphContext, asked: _Asked, settled: _SettledReads) -> _Batch | None:
-        """Make the Casts the nodes of a main graph without bodies asked for:
-        those of the ``settled`` reads, and ``asked`` in the loop over its
-        nodes. Made in the order first asked (the order of the reading
-        input slots), they take the names and places :meth:`_version` would
-        give them one at a time; made together, their names are checked in
-        one set operation (a large model
-        asks for tens of thousands). Nothing asks for such a graph's
-        versions afterwards: they are not recorded. Returned for
-        :func:`_place`; None where none was asked for."""
-        keys, sources, first_reads, reading = _settled_casts(ctx, settled, self.low.onnx_type)
-        readers = _merge_asked(keys, sources, first_reads, asked)
-        if not keys:
+    def _make_asked(self, ctx: GraphContext, asked: _Asked) -> _Batch | None:
+        """Make the Casts the nodes of a main graph without bodies ``asked``
+        for in the loop over its nodes. Made in the order first asked (the
+        order of the reading input slots), they take the names and places
+        :meth:`_version` would give them one at a time; made together, their
+        names are checked in one set operation (a large model asks for tens
+        of thousands). Nothing asks for such a graph's versions afterwards:
+        they are not recorded. Returned for :func:`_place`; None where none
+        was asked for."""
+        if not asked:
             return None
-        order = np.argsort(np.asarray(first_reads, np.int64), kind="stable").tolist()
-        keys, sources = list(map(keys.__getitem__, order)), list(map(sources.__getitem__, order))
+        waiting = sorted(asked.items(), key=lambda item: item[1][2])
+        keys = [key for key, _ in waiting]
         targets, cast_names = self._cast_names(keys)
-        target_of = np.empty(len(keys), object)  # (by Cast number, as found)
-        target_of[order] = targets
-        _redirect(ctx, settled, target_of[reading].tolist(), readers, target_of)
+        nodes = ctx.nodes
+        for (_, (_, reads, _)), target in zip(waiting, targets, strict=True):
+            for j, slot in reads:
+                nodes[j].input[slot] = target
+        sources = [source for _, (source, _, _) in waiting]
         needs = [need for _, need in keys]
         # After its tensor's producer (and after the Casts made one at a time there); first for a graph input or initializer.
         places = [-1.0 if i is None else i + _AFTER_OTHERS for i in map(ctx.producer.get, (name for name, _ in keys))]
         self.retyped.update(zip(targets, needs, strict=True))
         self.new_casts.extend(zip(sources, targets, needs, strict=True))
         self.stats.casts_inserted += len(keys)
-        casts = list(map(cast_node, sources, targets, needs, cast_names))
-        return _Batch(casts, places)
+        return _Batch(list(map(cast_node, sources, targets, needs, cast_names)), places)
 
     def _cast_names(self, keys: list[tuple[str, int]]) -> tuple[list[str], list[str]]:
         """The output and node names of the Casts of ``keys`` (tensor, type),

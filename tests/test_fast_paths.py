@@ -163,7 +163,6 @@ SWITCH_OFF = {
     "reused plan outcomes": (plan.Planner, "_kind_ids", lambda self, ctx, *_: [-1] * len(ctx.ops)),
     "gathered readers": (GraphContext, "gather_readers", lambda self, names: None),
     "Casts made together": (rewrite, "_casts_together", lambda ctx: False),
-    "settled reads": (rewrite, "_settles", lambda ctx, types, *_: np.zeros(len(types), bool)),
     # (the new nodes of a graph put in place by one sort, or each inserted where it goes)
     "nodes inserted where they go": (rewrite, "_INSERT_AT_MOST", -1),
     "nodes placed by sorting": (rewrite, "_INSERT_AT_MOST", sys.maxsize),
