@@ -633,18 +633,13 @@ def name_in_use(root: GraphContext) -> NamesInUse:
 
 class NamesInUse:
     """The names an indexed model holds, per graph a few dicts and sets (see
-    :func:`name_in_use`): asked one name at a time, or many at once."""
+    :func:`name_in_use`), asked one name at a time."""
 
     def __init__(self, holders: list[tuple[dict[str, Any] | Set[str], ...]]) -> None:
-        # (a dict as its keys: a set operation with a view goes over the smaller side, as with a set)
-        self._holders = [names.keys() if isinstance(names, dict) else names for graph in holders for names in graph]
+        self._holders = [names for graph in holders for names in graph]
 
     def __call__(self, name: str) -> bool:
         return any(name in names for names in self._holders)
-
-    def any_of(self, names: set[str]) -> bool:
-        """Whether any of ``names`` is in use (one set operation per holder)."""
-        return not all(holder.isdisjoint(names) for holder in self._holders)
 
 
 def sort_nodes(container: Any, keys: list) -> None:
@@ -671,21 +666,6 @@ class NameGenerator:
             name = f"{base}_{i}"
         self._made.add(name)
         return name
-
-    def take_all(self, bases: list[str]) -> bool:
-        """Take every one of ``bases`` as it is, where all are free and no two
-        alike (what one call each would give them), else take none: the
-        rewrite names its Casts this way, tens of thousands at once."""
-        wanted = set(bases)
-        in_use = self._in_use
-        if (
-            len(wanted) < len(bases)
-            or not wanted.isdisjoint(self._made)
-            or (in_use.any_of(wanted) if isinstance(in_use, NamesInUse) else any(map(in_use, wanted)))
-        ):
-            return False
-        self._made |= wanted
-        return True
 
     @property
     def made(self) -> Set[str]:

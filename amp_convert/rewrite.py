@@ -747,16 +747,10 @@ class Rewriter:
 
     def _cast_names(self, keys: list[tuple[str, int]]) -> tuple[list[str], list[str]]:
         """The output and node names of the Casts of ``keys`` (tensor, type),
-        taken in that order, as :meth:`_version` names one: checked against
-        the model's in one set operation, one at a time where one is taken."""
-        shorts = {need: _short(need) for need in {need for _, need in keys}}
-        bases = [f"{name}_{shorts[need]}" for name, need in keys]
-        cast_names = [f"{base}_cast" for base in bases]
-        if self.names.take_all(bases + cast_names):
-            return bases, cast_names
+        taken in that order, as :meth:`_version` names one."""
         targets, cast_names = [], []
-        for base in bases:  # (each, then its Cast's name: the order one at a time takes them)
-            targets.append(self.names(base))
+        for name, need in keys:  # (each, then its Cast's name: the order one at a time takes them)
+            targets.append(self.names(f"{name}_{_short(need)}"))
             cast_names.append(self.names(f"{targets[-1]}_cast"))
         return targets, cast_names
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_convert import cleanup, convert, plan, rewrite, typeinfo
-from amp_convert.graph import GraphContext, NameGenerator, _readers, build_context
+from amp_convert.graph import GraphContext, _readers, build_context
 from amp_convert.schema import model_opsets
 from models.rule_graphs import RULE_GRAPHS
 
@@ -168,7 +168,6 @@ SWITCH_OFF = {
     "nodes placed by sorting": (rewrite, "_INSERT_AT_MOST", sys.maxsize),
     # (the clean-up's pass runs even where the Casts it is told of say none can be redundant)
     "Casts screened for the clean-up": (cleanup, "_may_be_redundant", lambda casts, types: True),
-    "names taken together": (NameGenerator, "take_all", lambda self, bases: False),
     "initializer reads": (
         rewrite.Rewriter,
         "_initializer_reads",
@@ -267,12 +266,6 @@ def test_names_in_use_are_the_names_of_the_model(name):
     new = [made(base) for base in bases]
     assert len(set(new)) == len(new) and not every.intersection(new) and new[-3:] == ["cast", "cast_1", "cast_2"]
     assert [from_set(base) for base in bases] == new  # (the set of every name says the same)
-    # Taken together: all of them as they are, or (one in use, made, or twice) none
-    for names in (made, from_set):
-        assert not names.take_all(["free_a", sorted(every)[0]])
-        assert not names.take_all(["free_a", "cast_1"]) and not names.take_all(["free_a", "free_a"])
-        assert names.take_all(["free_a", "free_b"]) and names("free_a") == "free_a_1"
-        assert not names.take_all(["free_b"])
 
 
 def test_casts_made_together_take_names_around_the_models(tmp_path):
