@@ -205,37 +205,6 @@ class _SlotReads:
     odd: np.ndarray
 
 
-# (tensor, element type) -> (the tensor's version it casts, the (node, input slot) pairs reading it, the first
-# one's position among the graph's input slots): the Casts a main graph's nodes ask for, see Rewriter._make_asked
-_Asked = dict[tuple[str, int], tuple[str, list[tuple[int, int]], int]]
-
-
-@dataclass(frozen=True)
-class _Visits:
-    """What the rewrite looks at (see :func:`_nodes_to_visit`): the nodes,
-    in graph order; in a graph whose Casts are made together, the inputs to
-    look at of each node visited for them (None: every input of every node
-    visited)."""
-
-    nodes: list[int]
-    slots_of: dict[int, list[int]] | None = None
-
-
-def _casts_together(ctx: GraphContext) -> bool:
-    """Whether the Casts a graph's nodes ask for are gathered, to be made
-    together once all are looked at (see :meth:`Rewriter._make_asked`): in
-    a main graph without bodies. Else each is made as it is asked for
-    (:meth:`Rewriter._version`)."""
-    return ctx.parent is None and not ctx.subgraphs
-
-
-def _constant_outputs(ctx: GraphContext) -> set[str]:
-    """The tensors constant-making nodes write (whose low versions may be
-    copies: see :meth:`Rewriter._version`)."""
-    outs = ctx.outs
-    return {name for i, op in enumerate(ctx.ops) if op in VALUE_ATTRIBUTE_OPS for name in outs[i]}
-
-
 def _constant_writes(ctx: GraphContext, name: str) -> bool:
     """Whether a constant-making node of ``ctx`` writes ``name``."""
     i = ctx.producer.get(name)
@@ -259,8 +228,7 @@ def _nodes_to_visit(
     reads: _SlotReads,
     changed: dict[str, int],
     output_producers: set[int],
-    together: bool,
-) -> _Visits:
+) -> list[int]:
     """The nodes the rewrite must look at, in graph order: those with an
     input whose tensor may not have the type the node reads it in, control
     flow, low ops whose attributes change, and graph outputs' producers (and
@@ -269,11 +237,7 @@ def _nodes_to_visit(
     read what they need as it is: one lookup per input and a few array
     operations find the others, where the rewrite's loop would look at every
     input. Conservative: an input whose type or scope the arrays do not
-    settle is looked at. Also, in a main graph without bodies, the inputs
-    to look at of each node visited for them (None: every input of every
-    node visited; the nodes visited for other reasons have every input
-    looked at), where its Casts are made together (``together``: see
-    :func:`_casts_together`)."""
+    settle is looked at."""
     keep_all = bool(ctx.subgraphs)  # (with bodies to rewrite, even nodes without float32 are looked at)
     always = {i for i in output_producers if keep_all or precision[i] is not _UNCHANGED}
     always.update(ctx.subgraphs)
@@ -284,7 +248,7 @@ def _nodes_to_visit(
     table = ctx.input_slots()
     flat, node = table.names, table.node
     if not flat:
-        return _Visits(sorted(always))
+        return sorted(always)
     n, count = len(ctx.ins), len(flat)
     # Each input's tensor: its type, or _RETYPED if it was float32 and is low now.
     t = ctx.input_types().copy()
@@ -296,20 +260,8 @@ def _nodes_to_visit(
     look &= ~reads.agnostic
     if not keep_all:
         look &= np.fromiter(map(is_not, precision, repeat(_UNCHANGED)), bool, n)[node]
-    if not together:
-        always.update(np.unique(node[look]).tolist())
-        return _Visits(sorted(always))
-    hits = np.flatnonzero(look)
-    slots_of: dict[int, list[int]] = {}
-    for i, slot in zip(node[hits].tolist(), table.slot[hits].tolist(), strict=True):
-        found = slots_of.get(i)
-        if found is None:
-            slots_of[i] = [slot]
-        else:
-            found.append(slot)
-    for i in always:
-        slots_of.pop(i, None)
-    return _Visits(sorted(always.union(slots_of)), slots_of)
+    always.update(np.unique(node[look]).tolist())
+    return sorted(always)
 
 
 class Rewriter:
@@ -413,19 +365,10 @@ class Rewriter:
         changed.update(dict.fromkeys(low_outputs, low))
         output_producers = {ctx.producer[n] for n in ctx.output_names if n in ctx.producer}
         is_main = ctx.parent is None
-        together = _casts_together(ctx)
-        # (constants' low versions may be copies; other versions than itself are looked up: their reads are visited)
-        constants = _constant_outputs(ctx) if together else set()
-        visits = _nodes_to_visit(ctx, precision, reads, changed, output_producers, together)
-        slots_of = visits.slots_of
-        asked: _Asked | None = {} if together else None
-        starts = ctx.input_slots().starts() if together else None
-        for i in visits.nodes:
-            inputs = ins[i]
+        for i in _nodes_to_visit(ctx, precision, reads, changed, output_producers):
             low_inputs = low_ins[i]
             agnostic = DTYPE_AGNOSTIC_INPUTS.get(ops[i], ())
-            picked = slots_of.get(i) if slots_of is not None else None
-            for slot, name in enumerate(inputs) if picked is None else zip(picked, map(inputs.__getitem__, picked), strict=True):
+            for slot, name in enumerate(ins[i]):
                 if not name or slot in agnostic:
                     continue
                 t = types.get(name) or ctx.type_of(name)
@@ -437,17 +380,7 @@ class Rewriter:
                 vs = versions.get(name)
                 if vs is None and is_main:  # (its only version is itself, in the type it has now)
                     vs = {changed.get(name, t): name}
-                if vs is not None and need in vs:
-                    current = vs[need]
-                elif asked is None or (need == low and name in constants):
-                    current = self._version(ctx, name, need, top, after, known=vs)
-                else:
-                    waiting = asked.get((name, need))
-                    if waiting is None:
-                        source = vs.get(FLOAT) or next(iter(vs.values()))
-                        asked[name, need] = waiting = (source, [], int(starts[i]) + slot)
-                    waiting[1].append((i, slot))
-                    continue
+                current = vs[need] if vs is not None and need in vs else self._version(ctx, name, need, top, after, known=vs)
                 if current != name:
                     ctx.nodes[i].input[slot] = current
             if subgraphs:
@@ -457,7 +390,6 @@ class Rewriter:
                 self._lower_node(ctx.nodes[i], ctx.path)
             if i in output_producers:
                 self._fix_graph_outputs(ctx, i, ctx.nodes[i], changed, after)
-        asked_casts = self._make_asked(ctx, asked) if asked is not None else None
         self._unused_low.update((ctx.path, name) for name in unused_values(ctx, low_ins))
         if ctx.parent is not None:
             self._fix_passthrough_outputs(ctx, top, after)
@@ -492,8 +424,8 @@ class Rewriter:
         self._lower_constant_values()
         if self.ranges is not None:
             self.ranges.drop_values(ctx.path)
-        if top or after or asked_casts:
-            _place(ctx, top, after, asked_casts)
+        if top or after:
+            _place(ctx, top, after)
 
     def _share_low(self, ctx: GraphContext, name: str, versions: dict[str, dict[int, str]]) -> None:
         """An initializer read fp32 and low stays fp32; its low readers get a
@@ -718,42 +650,6 @@ class Rewriter:
         self._versions[home.path][name] = {**vs, need: target}
         return target
 
-    def _make_asked(self, ctx: GraphContext, asked: _Asked) -> _Batch | None:
-        """Make the Casts the nodes of a main graph without bodies ``asked``
-        for in the loop over its nodes. Made in the order first asked (the
-        order of the reading input slots), they take the names and places
-        :meth:`_version` would give them one at a time; made together, their
-        names are checked in one set operation (a large model asks for tens
-        of thousands). Nothing asks for such a graph's versions afterwards:
-        they are not recorded. Returned for :func:`_place`; None where none
-        was asked for."""
-        if not asked:
-            return None
-        waiting = sorted(asked.items(), key=lambda item: item[1][2])
-        keys = [key for key, _ in waiting]
-        targets, cast_names = self._cast_names(keys)
-        nodes = ctx.nodes
-        for (_, (_, reads, _)), target in zip(waiting, targets, strict=True):
-            for j, slot in reads:
-                nodes[j].input[slot] = target
-        sources = [source for _, (source, _, _) in waiting]
-        needs = [need for _, need in keys]
-        # After its tensor's producer (and after the Casts made one at a time there); first for a graph input or initializer.
-        places = [-1.0 if i is None else i + _AFTER_OTHERS for i in map(ctx.producer.get, (name for name, _ in keys))]
-        self.retyped.update(zip(targets, needs, strict=True))
-        self.new_casts.extend(zip(sources, targets, needs, strict=True))
-        self.stats.casts_inserted += len(keys)
-        return _Batch(list(map(cast_node, sources, targets, needs, cast_names)), places)
-
-    def _cast_names(self, keys: list[tuple[str, int]]) -> tuple[list[str], list[str]]:
-        """The output and node names of the Casts of ``keys`` (tensor, type),
-        taken in that order, as :meth:`_version` names one."""
-        targets, cast_names = [], []
-        for name, need in keys:  # (each, then its Cast's name: the order one at a time takes them)
-            targets.append(self.names(f"{name}_{_short(need)}"))
-            cast_names.append(self.names(f"{targets[-1]}_cast"))
-        return targets, cast_names
-
     def _constant_copy(self, ctx: GraphContext, i: int, name: str, after: dict) -> str | None:
         """The low copy (see :meth:`_low_copy`) of the fp32 value of Constant
         node ``i``, which writes ``name``, as an initializer has. For a
@@ -841,17 +737,6 @@ class Rewriter:
 # Up to this many new nodes are inserted where they go (each insert shifts the
 # list); more are appended and the list is sorted into place.
 _INSERT_AT_MOST = 256
-# Where a batch's node made after node i goes (see _place): after i's other new nodes.
-_AFTER_OTHERS = 0.75
-
-
-@dataclass(frozen=True)
-class _Batch:
-    """New nodes made together, and the place of each, as :func:`_place`
-    orders them: -1 first, ``i + _AFTER_OTHERS`` after node ``i``."""
-
-    nodes: list[onnx.NodeProto]
-    places: list[float]
 
 
 def declare_initializers(root: GraphContext) -> None:
@@ -869,21 +754,15 @@ def declare_initializers(root: GraphContext) -> None:
                 v.type.tensor_type.elem_type = tensor.data_type
 
 
-def _place(
-    ctx: GraphContext, top: list[onnx.NodeProto], after: dict[int, list[onnx.NodeProto]], made: _Batch | None
-) -> None:
-    """Put the nodes ``top`` first, ``after[i]`` right after node ``i``, and
-    the batch ``made`` where it says (after those), keeping the order
-    topological."""
+def _place(ctx: GraphContext, top: list[onnx.NodeProto], after: dict[int, list[onnx.NodeProto]]) -> None:
+    """Put the nodes ``top`` first and ``after[i]`` right after node ``i``,
+    keeping the order topological."""
     container = ctx.graph.node
     places = [-1.0] * len(top)
     added = list(top)
     for i, nodes in after.items():
-        places.extend(i + k / (2 * len(nodes) + 2) for k in range(1, len(nodes) + 1))  # (before _AFTER_OTHERS)
+        places.extend(i + k / (len(nodes) + 1) for k in range(1, len(nodes) + 1))
         added.extend(nodes)
-    if made is not None:
-        added += made.nodes
-        places += made.places
     if len(places) <= _INSERT_AT_MOST:
         for rank, k in enumerate(sorted(range(len(places)), key=places.__getitem__)):
             place = places[k]

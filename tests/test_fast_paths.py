@@ -162,7 +162,6 @@ SWITCH_OFF = {
     "chained types": (typeinfo, "_chained_types", lambda *_: False),
     "reused plan outcomes": (plan.Planner, "_kind_ids", lambda self, ctx, *_: [-1] * len(ctx.ops)),
     "gathered readers": (GraphContext, "gather_readers", lambda self, names: None),
-    "Casts made together": (rewrite, "_casts_together", lambda ctx: False),
     # (the new nodes of a graph put in place by one sort, or each inserted where it goes)
     "nodes inserted where they go": (rewrite, "_INSERT_AT_MOST", -1),
     "nodes placed by sorting": (rewrite, "_INSERT_AT_MOST", sys.maxsize),
