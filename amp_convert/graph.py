@@ -242,12 +242,6 @@ class TensorTable:
         marked[np.fromiter(map(self.number.get, names, repeat(-1)), np.int64)] = True
         return self.over_slots(marked[:-1], names.__contains__)
 
-    def slot_values(self, values: dict[str, int]) -> np.ndarray:
-        """Per input slot: its name's value in ``values``, -1 for a name not there (a lookup per name)."""
-        per_tensor = np.full(len(self.names) + 1, -1)  # (the last for names not held: -1)
-        per_tensor[np.fromiter(map(self.number.get, values, repeat(-1)), np.int64, len(values))] = list(values.values())
-        return self.over_slots(per_tensor[:-1], lambda name: values.get(name, -1))
-
 
 def tensor_table(ctx: GraphContext) -> TensorTable:
     names = [*ctx.output_slots().names, *ctx.initializers, *ctx.input_names]

@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 from operator import is_not
@@ -344,10 +343,9 @@ class Rewriter:
         if self.ranges is not None:  # (gathered by the planner unless its safety rule was off)
             self.ranges.gather(ctx, self.low)
         lowered: list[str] = []
-        for name, (read_low, read_f32) in zip(floats, self._initializer_reads(ctx, floats, reads), strict=True):
-            if read_low is None:  # (the arrays cannot say: its readers are asked one by one)
-                wants = self.demand.requirements(ctx, name)
-                read_low, read_f32 = low in wants, bool(wants - {low})
+        for name in floats:
+            wants = self.demand.requirements(ctx, name)
+            read_low, read_f32 = low in wants, bool(wants - {low})
             # (an initializer listed as an input keeps its declared type)
             if read_low and not read_f32 and name not in ctx.input_set:
                 lowered.append(name)
@@ -512,38 +510,6 @@ class Rewriter:
             tensors, labels, blobs = (list(column) for column in zip(*batch, strict=True))
             lower_small_tensors(tensors, self.low, self.stats, labels, blobs)
             batch.clear()
-
-    def _initializer_reads(self, ctx: GraphContext, names: list[str], reads: _SlotReads) -> Iterator[tuple[bool | None, bool]]:
-        """Per float32 initializer of ``names``: whether some node reads it
-        low, and whether some reads it as float32 (the two questions the
-        rewrite asks of :meth:`Demand.requirements`), from the slot arrays;
-        (None, False) where they cannot say: a reader at an odd slot, a
-        subgraph capturing it, a graph output of that name."""
-        if not names:
-            return iter(())
-        table = ctx.input_slots()
-        index = {name: k for k, name in enumerate(names) if name}
-        at = ctx.tensors().slot_values(index)
-        read = at >= 0
-        custom_domains = {domain for domain in set(ctx.domains) if not is_default_domain(domain)}
-        custom = [i for i, domain in enumerate(ctx.domains) if domain in custom_domains] if custom_domains else []
-        agnostic = reads.agnostic.copy()
-        if custom:  # (only default-domain ops read dtype-agnostically)
-            agnostic[np.isin(table.node, custom)] = False
-        for k in np.flatnonzero(read & agnostic).tolist():  # (Shape, Size, Cast reading an initializer: few)
-            agnostic[k] = self.demand.any_version(ctx, int(table.node[k]))
-        real = read & ~agnostic
-        low = np.zeros(len(names), bool)
-        low[at[real & reads.low]] = True
-        f32 = np.zeros(len(names), bool)
-        f32[at[real & ~reads.low]] = True
-        unsure = np.zeros(len(names), bool)
-        unsure[at[read & reads.odd]] = True
-        for name in (*ctx.captured_by, *ctx.output_names):
-            if name in index:
-                unsure[index[name]] = True
-        rows = zip(low.tolist(), f32.tolist(), unsure.tolist(), strict=True)
-        return ((None, False) if odd else (by_low, by_f32) for by_low, by_f32, odd in rows)
 
     def _fix_graph_outputs(self, ctx: GraphContext, i: int, node: onnx.NodeProto, changed: dict, after: dict) -> None:
         """A graph output whose producer now writes another type keeps its

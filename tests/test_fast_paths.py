@@ -167,11 +167,6 @@ SWITCH_OFF = {
     "nodes placed by sorting": (rewrite, "_INSERT_AT_MOST", sys.maxsize),
     # (the clean-up's pass runs even where the Casts it is told of say none can be redundant)
     "Casts screened for the clean-up": (cleanup, "_may_be_redundant", lambda casts, types: True),
-    "initializer reads": (
-        rewrite.Rewriter,
-        "_initializer_reads",
-        lambda self, ctx, names, reads: iter([(None, False)] * len(names)),
-    ),
 }
 
 
@@ -225,7 +220,7 @@ def test_the_tensor_table_answers_for_each_slot_what_its_name_does(name):
     tensor and spread over the slots: for every graph (bodies too, whose
     slots read outer values the table does not hold) the answers are, slot
     by slot, those of asking each slot's name: types, a few names' readers,
-    the initializers read, the tensors retyped."""
+    the tensors retyped."""
     from itertools import repeat
 
     from amp_convert.graph import UNTYPED
@@ -242,8 +237,6 @@ def test_the_tensor_table_answers_for_each_slot_what_its_name_does(name):
         assert ctx.input_types().tolist() == per_slot.tolist(), ctx.path
         for some in (set(slot_names[::3]), set(ctx.initializers), {*ctx.free_names, ""}, set()):
             assert table.slots_in(some).tolist() == [n in some for n in slot_names], ctx.path
-            numbered = {n: k for k, n in enumerate(sorted(some))}
-            assert table.slot_values(numbered).tolist() == [numbered.get(n, -1) for n in slot_names], ctx.path
 
 
 @pytest.mark.parametrize("name", CASES)
