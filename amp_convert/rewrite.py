@@ -700,9 +700,6 @@ class Rewriter:
             return
 
 
-# Up to this many new nodes are inserted where they go (each insert shifts the
-# list); more are appended and the list is sorted into place.
-_INSERT_AT_MOST = 256
 
 
 def declare_initializers(root: GraphContext) -> None:
@@ -729,12 +726,7 @@ def _place(ctx: GraphContext, top: list[onnx.NodeProto], after: dict[int, list[o
     for i, nodes in after.items():
         places.extend(i + k / (len(nodes) + 1) for k in range(1, len(nodes) + 1))
         added.extend(nodes)
-    if len(places) <= _INSERT_AT_MOST:
-        for rank, k in enumerate(sorted(range(len(places)), key=places.__getitem__)):
-            place = places[k]
-            container.insert(rank + (int(place) + 1 if place >= 0 else 0), added[k])  # (after the rank nodes added before it)
-        return
-    # Sorting moves the nodes; writing the list anew would copy every one of them.
+    # Appended, then sorted into place: sorting moves the nodes; writing the list anew would copy every one of them.
     n = len(container)
     container.extend(added)
     sort_nodes(container, [*range(n), *places])  # (one per original node, one per node added)

@@ -7,7 +7,6 @@ known type, custom-domain ops named like dtype-agnostic ones)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ from helpers import init, model, value
 from hypothesis import HealthCheck, given, settings
 from onnx import TensorProto, helper, numpy_helper
 
-from amp_convert import cleanup, convert, plan, rewrite, typeinfo
+from amp_convert import cleanup, convert, plan, typeinfo
 from amp_convert.graph import GraphContext, _readers, build_context
 from amp_convert.schema import model_opsets
 from models.rule_graphs import RULE_GRAPHS
@@ -162,9 +161,6 @@ SWITCH_OFF = {
     "chained types": (typeinfo, "_chained_types", lambda *_: False),
     "reused plan outcomes": (plan.Planner, "_kind_ids", lambda self, ctx, *_: [-1] * len(ctx.ops)),
     "gathered readers": (GraphContext, "gather_readers", lambda self, names: None),
-    # (the new nodes of a graph put in place by one sort, or each inserted where it goes)
-    "nodes inserted where they go": (rewrite, "_INSERT_AT_MOST", -1),
-    "nodes placed by sorting": (rewrite, "_INSERT_AT_MOST", sys.maxsize),
     # (the clean-up's pass runs even where the Casts it is told of say none can be redundant)
     "Casts screened for the clean-up": (cleanup, "_may_be_redundant", lambda casts, types: True),
 }
