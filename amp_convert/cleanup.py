@@ -7,9 +7,8 @@ They run on a fresh index of the rewritten graphs.
 from __future__ import annotations
 
 from collections import ChainMap
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from operator import eq
 
 import onnx
 from onnx import TensorProto
@@ -66,20 +65,13 @@ class RemoveRedundantCasts:
     so the pass need not index the model again (it does when not given,
     and then looks each name up in its own graph's scope: sibling bodies
     may each define a tensor of one name, with different types).
-
-    ``casts``, when the caller knows every Cast of the model as (source,
-    target, to), lets the pass see without a walk over the model that none
-    can be redundant (the usual outcome after the rewriter).
     """
 
-    def __init__(self, types: Mapping[str, int] | None = None, casts: Iterable[tuple[str, str, int]] | None = None):
+    def __init__(self, types: Mapping[str, int] | None = None):
         self.types = types
-        self.casts = casts
 
     def __call__(self, model: onnx.ModelProto) -> PassResult:
         types = self.types
-        if types is not None and self.casts is not None and not _may_be_redundant(self.casts, types):
-            return PassResult(model, False)
         scopes: dict[int, Mapping[str, int]] | None = None
         if types is None:
             root = _index(model, model_opsets(model))  # (alive while the pass runs: its bodies keep their ids)
@@ -106,33 +98,6 @@ def indexed_casts(root: GraphContext) -> list[tuple[GraphContext, int]]:
     index), as :func:`count_casts` counts them: what the plan says of them
     is found from there."""
     return [(c, i) for c in root.walk() for i, op in enumerate(c.ops) if op == "Cast" and is_default_domain(c.domains[i])]
-
-
-def cast_triples(casts: Iterable[onnx.NodeProto]) -> list[tuple[str, str, int]]:
-    """(source, target, to) of Cast nodes, as they are now (for ``RemoveRedundantCasts(casts=...)``)."""
-    return [(node.input[0], node.output[0], cast_to(node)) for node in casts]
-
-
-def _may_be_redundant(casts: Iterable[tuple[str, str, int]], types: Mapping[str, int]) -> bool:
-    """Whether any Cast might be one the pass removes: the same tests as
-    :func:`_find_redundant`, by name alone, whatever graph each Cast is in
-    (so never a "no" where the pass would find one)."""
-    casts = list(casts)
-    if any(map(eq, map(types.get, [source for source, _, _ in casts]), [to for _, _, to in casts])):
-        return True
-    # A pair: a Cast reading another's output (few: the rewrite's Casts read the tensors they retype).
-    targets = {target for _, target, _ in casts}
-    seconds = [(source, to) for source, _, to in casts if source in targets]
-    if not seconds:
-        return False
-    writers: dict[str, list[tuple[str, int]]] = {}
-    for source, target, to in casts:
-        writers.setdefault(target, []).append((source, to))
-    for source, to in seconds:
-        for origin, first_to in writers[source]:
-            if types.get(origin) == to and (to, first_to) in EXACT_WIDENINGS:
-                return True
-    return False
 
 
 def _find_redundant(
@@ -261,14 +226,11 @@ def count_casts(model: onnx.ModelProto) -> int:
     return _count_casts(model.graph)
 
 
-def clean_up(
-    model: onnx.ModelProto, types: Mapping[str, int] | None = None, casts: Iterable[tuple[str, str, int]] | None = None
-) -> CleanUp:
+def clean_up(model: onnx.ModelProto, types: Mapping[str, int] | None = None) -> CleanUp:
     """Run the clean-up passes; returns what each one did, and the nodes they
-    removed (for the plan to say so). (``types`` and ``casts``: see
-    :class:`RemoveRedundantCasts`.)"""
+    removed (for the plan to say so). (``types``: see :class:`RemoveRedundantCasts`.)"""
     done = CleanUp()
-    for p in (RemoveRedundantCasts(types, casts),):
+    for p in (RemoveRedundantCasts(types),):
         result = p(model)
         done.counts[type(p).__name__] = result.count
         done.removed += result.removed

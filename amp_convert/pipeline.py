@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import onnx
 
 from .check import CHECK_MODES, check_converted
-from .cleanup import cast_triples, clean_up, count_casts, indexed_casts
+from .cleanup import clean_up, count_casts, indexed_casts
 from .coverage import Coverage, coverage
 from .dtypes import FLOAT
 from .errors import ConversionError
@@ -184,8 +184,7 @@ def _convert(
                 if c is not ctx:
                     types.update(c.types)
             types.update(rewriter.retyped)
-            # (the input's Casts read after the rewrite: it may retarget or rename them)
-            cleaned = clean_up(work, types, cast_triples(c.nodes[i] for c, i in input_casts) + rewriter.new_casts)
+            cleaned = clean_up(work, types)
         result.cleanup = cleaned.counts
         # (the clean-up removes only Casts, and counts them)
         result.casts_after += result.stats.casts_inserted - sum(result.cleanup.values())

@@ -283,7 +283,6 @@ class Rewriter:
         self.names = names
         self.stats = RewriteStats()
         self.retyped: dict[str, int] = {}  # every tensor whose type changed or that is new -> its type
-        self.new_casts: list[tuple[str, str, int]] = []  # (source, target, to) of every Cast it added
         self.base_dir = base_dir  # folder of the input's external data
         # name -> {element type: name of the tensor holding that version}, per scope: for tensors with
         # a Cast of their own or a renamed graph output (one retyped in place is found in _changed)
@@ -640,7 +639,6 @@ class Rewriter:
 
     def _cast_node(self, source: str, target: str, to: int) -> onnx.NodeProto:
         self.retyped[target] = to
-        self.new_casts.append((source, target, to))
         self.stats.casts_inserted += 1
         return cast_node(source, target, to, self.names(f"{target}_cast"))
 

@@ -17,7 +17,7 @@ from helpers import init, model, value
 from hypothesis import HealthCheck, given, settings
 from onnx import TensorProto, helper, numpy_helper
 
-from amp_convert import cleanup, convert, plan, typeinfo
+from amp_convert import convert, plan, typeinfo
 from amp_convert.graph import GraphContext, _readers, build_context
 from amp_convert.schema import model_opsets
 from models.rule_graphs import RULE_GRAPHS
@@ -161,8 +161,6 @@ SWITCH_OFF = {
     "chained types": (typeinfo, "_chained_types", lambda *_: False),
     "reused plan outcomes": (plan.Planner, "_kind_ids", lambda self, ctx, *_: [-1] * len(ctx.ops)),
     "gathered readers": (GraphContext, "gather_readers", lambda self, names: None),
-    # (the clean-up's pass runs even where the Casts it is told of say none can be redundant)
-    "Casts screened for the clean-up": (cleanup, "_may_be_redundant", lambda casts, types: True),
 }
 
 
@@ -416,21 +414,3 @@ def test_chained_types_follow_a_long_chain_and_a_declared_type_breaks_it():
 @given(case=fuzz_cases())
 def test_chained_types_are_the_loops_on_random_graphs(case):
     assert _typed(case.model, True) == _typed(case.model, False)
-
-
-@pytest.mark.parametrize(
-    ("casts", "types", "may_be"),
-    [
-        ([("x", "x_fp16", TensorProto.FLOAT16)], {"x": TensorProto.FLOAT}, False),
-        ([("x", "x_again", TensorProto.FLOAT)], {"x": TensorProto.FLOAT}, True),  # to its own type
-        # fp16 -> fp32 -> fp16: the second gives back the first's input
-        ([("h", "h32", TensorProto.FLOAT), ("h32", "h16", TensorProto.FLOAT16)], {"h": TensorProto.FLOAT16}, True),
-        # fp32 -> fp16 -> fp32 loses precision: the model's meaning
-        ([("x", "x16", TensorProto.FLOAT16), ("x16", "x32", TensorProto.FLOAT)], {"x": TensorProto.FLOAT}, False),
-        ([("a", "a16", TensorProto.FLOAT16), ("b", "b32", TensorProto.FLOAT)], {"b": TensorProto.FLOAT16}, False),
-    ],
-)
-def test_the_clean_up_screen_finds_each_kind_of_redundant_cast(casts, types, may_be):
-    """The screen that lets the clean-up skip its walk says "maybe" for
-    every Cast its pass would remove, and "no" for the rewrite's usual Casts."""
-    assert cleanup._may_be_redundant(casts, types) is may_be
