@@ -60,7 +60,6 @@ class GraphContext:
     _names: list[str] | None = None
     _labels: NodeLabels | None = None
     _consumers: dict[str, list[tuple[int, int]]] | None = None  # every tensor's readers, once asked for
-    _some_readers: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # those gathered so far
 
     def defines(self, name: str) -> bool:
         return name in self.producer or name in self.initializers or name in self.input_set
@@ -89,38 +88,14 @@ class GraphContext:
     @property
     def consumers(self) -> dict[str, list[tuple[int, int]]]:
         """Tensor -> the (node, slot) pairs reading it in this graph, in graph
-        order: every tensor's, made on first use (the stages of a plain
-        conversion ask for the readers of a few tensors, see :meth:`readers`)."""
+        order: every tensor's, made on first use."""
         if self._consumers is None:
             self._consumers = _readers(self.input_slots())
         return self._consumers
 
     def readers(self, name: str) -> list[tuple[int, int]]:
         """The (node, slot) pairs reading ``name`` in this graph, in graph order."""
-        if self._consumers is None:
-            found = self._some_readers.get(name)
-            if found is not None:
-                return found
         return self.consumers.get(name, [])
-
-    def gather_readers(self, names: Iterable[str]) -> None:
-        """Find the readers of ``names`` in one pass over the input slots,
-        for :meth:`readers`: cheaper, for a few thousand names, than the
-        readers of every tensor (a dict of lists of tuples, all new)."""
-        if self._consumers is not None:
-            return
-        wanted = set(names).difference(self._some_readers)
-        wanted.discard("")
-        if not wanted:
-            return
-        table = self.input_slots()
-        found: dict[str, list[tuple[int, int]]] = {name: [] for name in wanted}
-        hits = np.flatnonzero(self.tensors().slots_in(wanted))
-        for name, node, slot in zip(
-            map(table.names.__getitem__, hits.tolist()), table.node[hits].tolist(), table.slot[hits].tolist(), strict=True
-        ):
-            found[name].append((node, slot))
-        self._some_readers.update(found)
 
     def node_names(self) -> list[str]:
         """Every node's name (read on first use: the planner is the one

@@ -33,7 +33,6 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -517,8 +516,6 @@ class Planner:
                 if ctx.ops[i] == "If" and entry.rule == "control-flow":
                     self._lower_if_outputs(ctx, i, entry)
             self._record_output_states(ctx, i, entry.precision, entry.low_outputs, neutral=state in (NEUTRAL, _SOURCE))
-        # (what the backward pass asks, and the rewrite after it: the readers of these nodes' outputs, and of the graph's)
-        ctx.gather_readers(chain(chain.from_iterable(map(all_outs.__getitem__, pending)), ctx.output_names))
         for i in reversed(pending):
             self._resolve_pending(ctx, i, entries, suspects)
 

@@ -241,7 +241,6 @@ def _nodes_to_visit(
     always = {i for i in output_producers if keep_all or precision[i] is not _UNCHANGED}
     always.update(ctx.subgraphs)
     always.update(i for i, op in enumerate(ctx.ops) if op in REWRITTEN_OPS and precision[i] is _LOW)
-    ctx.gather_readers(ctx.output_names)  # (nothing to do where the planner's pass found them)
     for name in ctx.output_names:  # (its producer may rename it: its readers then need the Cast's)
         always.update(j for j, _ in ctx.readers(name))
     table = ctx.input_slots()

@@ -498,7 +498,6 @@ def unused_values(ctx: GraphContext, low_ins: list[tuple[int, ...]] | None = Non
         if slot is not None and slot < len(ins[i]) and ins[i][slot]:
             seeds.append(ins[i][slot])
     candidates = _passed_to(ctx, seeds)
-    ctx.gather_readers(candidates)
     outputs = set(ctx.output_names)
     kept = [name for name in candidates if name not in ctx.captured_by and name not in outputs]
     dead = set(kept)

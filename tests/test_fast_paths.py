@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_convert import convert, plan, typeinfo
-from amp_convert.graph import GraphContext, _readers, build_context
+from amp_convert.graph import build_context
 from amp_convert.schema import model_opsets
 from models.rule_graphs import RULE_GRAPHS
 
@@ -160,7 +160,6 @@ SWITCH_OFF = {
     "single-output type rules": (typeinfo, "_rule_rows", lambda ctx, *_: ([None], np.zeros(len(ctx.ops), np.int64))),
     "chained types": (typeinfo, "_chained_types", lambda *_: False),
     "reused plan outcomes": (plan.Planner, "_kind_ids", lambda self, ctx, *_: [-1] * len(ctx.ops)),
-    "gathered readers": (GraphContext, "gather_readers", lambda self, names: None),
 }
 
 
@@ -190,31 +189,12 @@ def test_float_slot_patterns_match_the_per_node_answer(name):
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_gathered_readers_are_those_of_the_whole_index(name):
-    """Readers gathered for some names (the planner's way) are, name by name,
-    those the index of every tensor's readers holds; a name not gathered is
-    answered from that index, made then."""
-    original = _load(name)
-    for ctx in build_context(original.graph).walk():
-        every = _readers(ctx.input_slots())
-        names = sorted(every)
-        ctx.gather_readers([*names[::2], "", "no such tensor"])
-        for name_ in names[::2]:
-            assert ctx.readers(name_) == every[name_], (ctx.path, name_)
-        assert ctx.readers("no such tensor") == []
-        assert ctx._consumers is None, "gathering built the whole index"
-        for name_ in names:
-            assert ctx.readers(name_) == every[name_], (ctx.path, name_)
-        assert ctx.consumers == every
-
-
-@pytest.mark.parametrize("name", CASES)
 def test_the_tensor_table_answers_for_each_slot_what_its_name_does(name):
     """Questions about the names the input slots read are asked once per
     tensor and spread over the slots: for every graph (bodies too, whose
     slots read outer values the table does not hold) the answers are, slot
-    by slot, those of asking each slot's name: types, a few names' readers,
-    the tensors retyped."""
+    by slot, those of asking each slot's name: types and the tensors
+    retyped."""
     from itertools import repeat
 
     from amp_convert.graph import UNTYPED
