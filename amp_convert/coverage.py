@@ -186,10 +186,9 @@ def coverage(model: onnx.ModelProto, plan: Plan, ctx: GraphContext | None = None
         if entries is None or len(entries) != len(c.nodes):
             where = f"graph {c.path!r}" if c.path else "the main graph"
             raise ValueError(f"the plan is not this model's: it has no entry for each node of {where}")
-        rows, row_numbers, weights = entries.rows, entries.row_numbers, macs[c.path]
-        for i, row in enumerate(row_numbers):
-            # (read from the shared rows: making a PlanEntry per node costs a 100k-node plan a while)
-            precision, rule = rows[row][:2] if row >= 0 else (entries[i].precision, entries[i].rule)
+        weights = macs[c.path]
+        for i, entry in enumerate(entries):
+            precision, rule = entry.precision, entry.rule
             if precision is Precision.UNCHANGED or rule == "control-flow":
                 continue
             weight = weights[i]

@@ -40,20 +40,19 @@ import onnx
 
 from .availability import KernelRule
 from .dtypes import FLOAT, LowDtype
-from .graph import UNTYPED, GraphContext, NodeLabels, SlotTable, attribute_int, cast_to, check_utf8, distinct_rows
+from .graph import UNTYPED, GraphContext, NodeLabels, SlotTable, attribute_int, cast_to, check_utf8
 from .lists import (
     CONTROL_FLOW_OPS,
     CONVERTED_INPUTS,
     DTYPE_AGNOSTIC_INPUTS,
     NO_LOW_KERNEL_OPS,
     ORT_QUANTIZED_OPS,
-    PASS_THROUGH_ATTRIBUTES,
     QUANTIZED_OPS,
     SOURCE_OPS,
     OpLists,
 )
 from .options import ConvertOptions
-from .safety import ConstantRanges, data_range_problem, held_constant
+from .safety import ConstantRanges, data_range_problem
 from .schema import (
     DEFAULT_DOMAINS,
     Signature,
@@ -98,55 +97,32 @@ class PlanEntry:
 
 
 class GraphEntries(Sequence[PlanEntry]):
-    """The entries of one graph, by node index. A node whose decision its
-    kind alone settled (most nodes of a large graph) is held as the number
-    of that decision, a row of ``rows`` shared across graphs, and made a
-    :class:`PlanEntry` when read; a node decided on its own is held as its
-    entry. The rewrite and the summaries read the decisions as columns
-    (:meth:`decision`, :meth:`columns`, :meth:`tally`): a 100k-node plan
-    is then never made one object per node."""
+    """The entries of one graph, by node index. The rewrite and the
+    summaries read the decisions as columns (:meth:`decision`,
+    :meth:`columns`, :meth:`tally`)."""
 
-    def __init__(self, path: str, names: list[str], ops: list[str], domains: list[str], rows: list[tuple]) -> None:
+    def __init__(self, path: str, names: list[str], ops: list[str]) -> None:
         self.path = path
-        self._ops, self._domains = ops, domains  # (the index's columns; names checked UTF-8)
-        self._labels = NodeLabels(names, ops)
-        self.rows = rows  # (precision, rule, reason, low inputs, low outputs)
-        # Per node: its row, or -1 where it has an entry. The planner appends
-        # a row number here itself (its loop's one step for most nodes).
-        self.row_numbers: list[int] = []
-        self._made: dict[int, PlanEntry] = {}
+        self._labels = NodeLabels(names, ops)  # (names checked UTF-8)
+        self._entries: list[PlanEntry] = []
 
     @classmethod
     def of(cls, path: str, entries: Iterable[PlanEntry]) -> GraphEntries:
         """Entries made elsewhere (a plan built by hand), held as they are."""
         entries = list(entries)
-        held = cls(path, [e.name for e in entries], [e.op_type for e in entries], [e.domain for e in entries], [])
+        held = cls(path, [e.name for e in entries], [e.op_type for e in entries])
         for entry in entries:
             held.add(entry)
         return held
 
     def __len__(self) -> int:
-        return len(self.row_numbers)
+        return len(self._entries)
 
     def __getitem__(self, i: int | slice) -> PlanEntry | list[PlanEntry]:  # type: ignore[override]
-        n = len(self.row_numbers)
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(n))]
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError("plan entry index out of range")
-        entry = self._made.get(i)
-        if entry is None:
-            precision, rule, reason, low_inputs, low_outputs = self.rows[self.row_numbers[i]]
-            op, domain = self._ops[i], self._domains[i]
-            entry = PlanEntry(self.path, i, self.label(i), op, domain, precision, rule, reason, low_inputs, low_outputs)
-            # (made once: whoever reads it may change it, and the row is shared)
-            self._made[i], self.row_numbers[i] = entry, -1
-        return entry
+        return self._entries[i]
 
     def __iter__(self) -> Iterator[PlanEntry]:
-        return map(self.__getitem__, range(len(self.row_numbers)))
+        return iter(self._entries)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (GraphEntries, list)):
@@ -163,43 +139,28 @@ class GraphEntries(Sequence[PlanEntry]):
         return self._labels[i]
 
     def add(self, entry: PlanEntry) -> None:
-        """The next node's entry, decided on its own."""
-        self._made[len(self.row_numbers)] = entry
-        self.row_numbers.append(-1)
+        """The next node's entry."""
+        self._entries.append(entry)
 
     def decision(self, i: int) -> tuple[Precision, tuple[int, ...], tuple[int, ...]]:
         """Node ``i``'s precision and low input and output slots, as they are now."""
-        row = self.row_numbers[i]
-        if row >= 0:
-            precision, _, _, low_inputs, low_outputs = self.rows[row]
-            return precision, low_inputs, low_outputs
-        entry = self._made[i]
+        entry = self._entries[i]
         return entry.precision, entry.low_inputs, entry.low_outputs
 
     def columns(self) -> tuple[list[Precision], list[tuple[int, ...]], list[tuple[int, ...]]]:
         """Per node: its precision, and its low input and output slots (empty
         unless it runs low)."""
-        rows = self.rows
-        used = dict.fromkeys(self.row_numbers)
-        used.pop(-1, None)
-        precision = {r: rows[r][0] for r in used}
-        low_in = {r: rows[r][3] if rows[r][0] is Precision.LOW else () for r in used}
-        low_out = {r: rows[r][4] if rows[r][0] is Precision.LOW else () for r in used}
-        columns = tuple(list(map(column.get, self.row_numbers)) for column in (precision, low_in, low_out))
-        for i, e in self._made.items():
-            low = e.precision is Precision.LOW
-            columns[0][i], columns[1][i], columns[2][i] = e.precision, e.low_inputs if low else (), e.low_outputs if low else ()
-        return columns  # type: ignore[return-value]
+        entries = self._entries
+        low = [e.precision is Precision.LOW for e in entries]
+        return (
+            [e.precision for e in entries],
+            [e.low_inputs if is_low else () for e, is_low in zip(entries, low, strict=True)],
+            [e.low_outputs if is_low else () for e, is_low in zip(entries, low, strict=True)],
+        )
 
     def tally(self) -> Counter:
         """How many nodes have each (precision, rule, op type)."""
-        rows, by_row = self.rows, Counter(zip(self.row_numbers, self._ops, strict=True))
-        tally: Counter = Counter()
-        for (row, op), n in by_row.items():
-            if row >= 0:
-                tally[rows[row][0], rows[row][1], op] += n
-        tally.update((e.precision, e.rule, e.op_type) for e in self._made.values())
-        return tally
+        return Counter((e.precision, e.rule, e.op_type) for e in self._entries)
 
 
 @dataclass
@@ -282,9 +243,6 @@ class Plan:
 # Ops that read their float input for its shape alone (Shape, Size): they
 # compute nothing in float32 or low, whatever version of it they read.
 _SHAPE_READERS = {op: frozenset(slots) for op, slots in DTYPE_AGNOSTIC_INPUTS.items() if op not in CONVERTED_INPUTS}
-
-# Rules whose verdict is about one node's own inputs, not its kind.
-_NODE_RULES = frozenset({"safety-initializer-range", "safety-data-range"})
 
 # Data precision of a tensor while planning.
 LOW, F32, NEUTRAL = "low", "fp32", "neutral"
@@ -392,15 +350,7 @@ class Planner:
         self._has_qdq = False  # set per graph: any DequantizeLinear / QuantizeLinear
         self._by_kind = not (self.keep_patterns or self.force_patterns or self.keep_names or self.force_names)
         self._decisions: dict[tuple, tuple] = {}  # (op, domain, float slots) -> decision, without name rules
-        # (op, domain, float slots) -> a number standing for that kind of node in every graph
-        self._kind_numbers: dict[tuple, int] = {}
-        # kind number * 4 + states reaching a follow node (0 for others) -> the node's forward outcome
-        self._outcomes: dict[int, tuple] = {}
-        # (decision row, element types its consumers need) -> its backward outcome (see _resolve_pending)
-        self._resolved: dict[tuple[int, frozenset[int]], tuple] = {}
-        self._follows: dict[int, bool] = {}  # kind number -> whether its nodes follow their inputs
         self._float_slots: list = []
-        self._rows: list[tuple] = []  # the decisions reused by kind (see GraphEntries)
         # op -> the opset (one onnxruntime loads) from which its schema admits the low dtype, for ops it kept fp32
         self._admitted_later: dict[str, int] = {}
 
@@ -432,7 +382,7 @@ class Planner:
     def _plan_graph(self, ctx: GraphContext) -> None:
         names = ctx.node_names()
         check_utf8(names)
-        entries = self.plan.entries[ctx.path] = GraphEntries(ctx.path, names, ctx.ops, ctx.domains, self._rows)
+        entries = self.plan.entries[ctx.path] = GraphEntries(ctx.path, names, ctx.ops)
         is_main = ctx.parent is None
         source_state = LOW if (is_main and self.options.io_types == "low") else NEUTRAL
         types, states = ctx.types, self.states
@@ -444,69 +394,17 @@ class Planner:
                 states[name] = NEUTRAL
         self._has_qdq = has_qdq = not {"DequantizeLinear", "QuantizeLinear"}.isdisjoint(ctx.ops)
         # Float32 input and output slots of every node, found once and shared by all rules.
-        floats, patterns = _all_float_slots(ctx)
+        floats = _all_float_slots(ctx)[0]
         self._float_slots = floats
         pending: list[int] = []  # neutral follow nodes and sources, resolved backwards
         subgraphs = ctx.subgraphs
-        nodes, ops, domains, ins, all_outs = ctx.nodes, ctx.ops, ctx.domains, ctx.ins, ctx.outs
-        # Without node-name rules or QDQ context, a node's whole forward
-        # outcome depends only on its kind and on which states reach it: it
-        # is worked out once per such pair (by the rules below the fast path)
-        # and reused, inline (this loop runs once per node). The safety rules
-        # still look at each node's own inputs.
-        reuse = self._by_kind and not has_qdq
-        kinds = self._kind_ids(ctx, floats, patterns) if reuse else [-1] * len(nodes)
-        outcomes, follows = self._outcomes, self._follows
-        rows, row_of_node = self._rows, entries.row_numbers
         if self.constants_rule:
             self.ranges.gather(ctx, self.low)
-        # Names whose constant values the safety rule must look at (the data-range rule looks at every node).
-        suspects = self.ranges.suspects(ctx, self.low) if self.constants_rule and not self.calibration else None
-        # Without tensors already in the low dtype, a node's float32 outputs are the ones given a state.
-        low_typed = self.low.onnx_type in types.values()
-        states_get = states.get
-        for i, kind in enumerate(kinds):
-            follow = follows.get(kind) if kind >= 0 else None
-            if follow is not None:
-                seen = 0
-                if follow:  # (inline for the many follow nodes; see _seen_states)
-                    reaching = set(map(states_get, ins[i]))  # (_seen_bits, inline)
-                    seen = (_SEEN_LOW if LOW in reaching else 0) | (_SEEN_F32 if F32 in reaching else 0)
-                outcome = outcomes.get(kind * 4 + seen)
-                if outcome is not None:
-                    row, low_inputs, state, checked, out_states = outcome
-                    if not (
-                        checked
-                        and (suspects is None or not suspects.isdisjoint(ins[i]))
-                        and self._safety_problem(ctx, i, low_inputs)
-                    ):
-                        row_of_node.append(row)
-                        neutral = state is NEUTRAL or state is _SOURCE
-                        if neutral:
-                            pending.append(i)
-                        if low_typed:
-                            self._record_output_states(ctx, i, rows[row][0], rows[row][4], neutral)
-                        else:
-                            outs = all_outs[i]
-                            for k, out_state in out_states:
-                                states[outs[k]] = out_state
-                        continue
+        for i in range(len(ctx.nodes)):
             entry, state = self._classify(ctx, i, entries.label(i))
             entries.add(entry)
             if state == _FOLLOW and not self._resolve_follow(ctx, i, entry):
                 state = NEUTRAL
-            if kind >= 0 and entry.rule not in _NODE_RULES:
-                follow = follows[kind] = self._decisions[ops[i], domains[i], floats[i]][3] == _FOLLOW
-                low = entry.precision is Precision.LOW
-                neutral = state in (NEUTRAL, _SOURCE)
-                outcomes[kind * 4 + (self._seen_states(ctx, i) if follow else 0)] = (
-                    self._shared_row(entry),
-                    entry.low_inputs,
-                    state,
-                    low and self.safety,  # the safety rules looked at this node's own inputs
-                    # the state each float32 output takes (as _record_output_states gives it)
-                    tuple((k, _output_state(neutral, low and k in entry.low_outputs)) for k in floats[i][1]),
-                )
             if state in (NEUTRAL, _SOURCE):
                 pending.append(i)
             if i in subgraphs:  # bodies are planned where they run: outer values they read have their states
@@ -517,31 +415,7 @@ class Planner:
                     self._lower_if_outputs(ctx, i, entry)
             self._record_output_states(ctx, i, entry.precision, entry.low_outputs, neutral=state in (NEUTRAL, _SOURCE))
         for i in reversed(pending):
-            self._resolve_pending(ctx, i, entries, suspects)
-
-    def _kind_ids(self, ctx: GraphContext, floats: list[tuple], patterns: np.ndarray) -> list[int]:
-        """Per node, the number of its kind (op, domain, float32 slots), the
-        same in every graph of the model; -1 where the forward outcome is not
-        reused (the rules look at a Cast's target type and at a sparse
-        Constant, the safety rule at a value a Pad before opset 11 holds;
-        control flow plans bodies). Numbered once per distinct
-        kind, with array operations: the planner's loop hashes an int, not
-        a kind."""
-        if not ctx.ops:
-            return []
-        first, inverse = distinct_rows(ctx, patterns + 1)  # (0: slots worked out alone)
-        numbers = self._kind_numbers
-        ids = [numbers.setdefault((ctx.ops[i], ctx.domains[i], floats[i]), len(numbers)) for i in first.tolist()]
-        kinds = np.asarray(ids, np.int64)[inverse].tolist()
-        for i in np.flatnonzero(patterns < 0).tolist():
-            kinds[i] = numbers.setdefault((ctx.ops[i], ctx.domains[i], floats[i]), len(numbers))
-        nodes = ctx.nodes
-        for i, op in enumerate(ctx.ops):
-            if op in _MAYBE_ALONE and _planned_alone(op, nodes[i]):
-                kinds[i] = -1
-        for i in ctx.subgraphs:
-            kinds[i] = -1
-        return kinds
+            self._resolve_pending(ctx, i, entries)
 
     def _seen_states(self, ctx: GraphContext, i: int) -> int:
         """Which data states reach node ``i`` (bits _SEEN_LOW, _SEEN_F32), as the follow rule sees them."""
@@ -759,36 +633,9 @@ class Planner:
             if self._is_float_data(t):
                 states[name] = _output_state(neutral, t != FLOAT or k in low_outputs)
 
-    def _resolve_pending(self, ctx: GraphContext, i: int, entries: GraphEntries, suspects: frozenset[str] | None) -> None:
-        """:meth:`_resolve_from_consumers` for node ``i``. A node whose kind
-        decided it so far ends as the first of its kind whose consumers
-        needed the same types did (its decision row is reused, as in the
-        forward pass); the safety rules still look at its own inputs."""
-        wants = self._consumer_needs(ctx, i)
-        row = entries.row_numbers[i]
-        key = (row, frozenset(wants))
-        if row >= 0:
-            outcome = self._resolved.get(key)
-            if outcome is not None:
-                resolved, low_outputs, checked = outcome
-                suspect = checked and (suspects is None or not suspects.isdisjoint(ctx.ins[i]))
-                if not (suspect and self._safety_problem(ctx, i, self._rows[resolved][3])):
-                    entries.row_numbers[i] = resolved
-                    for k in low_outputs:
-                        self.states[ctx.outs[i][k]] = LOW
-                    return
-        entry = entries[i]
-        self._resolve_from_consumers(ctx, i, entry, wants)
-        if row >= 0 and entry.rule not in _NODE_RULES:
-            low = entry.precision is Precision.LOW
-            # (the safety rules looked at this node's own inputs where it went low and is not a source)
-            checked = low and self.safety and entry.rule != "source"
-            self._resolved[key] = (self._shared_row(entry), entry.low_outputs if low else (), checked)
-
-    def _shared_row(self, entry: PlanEntry) -> int:
-        """A new decision row with ``entry``'s decision, for the nodes that will reuse it (see GraphEntries)."""
-        self._rows.append((entry.precision, entry.rule, entry.reason, entry.low_inputs, entry.low_outputs))
-        return len(self._rows) - 1
+    def _resolve_pending(self, ctx: GraphContext, i: int, entries: GraphEntries) -> None:
+        """:meth:`_resolve_from_consumers` for node ``i``."""
+        self._resolve_from_consumers(ctx, i, entries[i], self._consumer_needs(ctx, i))
 
     def _consumer_needs(self, ctx: GraphContext, i: int) -> set[int]:
         """The element types the consumers of node ``i``'s float32 outputs need."""
@@ -831,26 +678,9 @@ class Planner:
         return t == FLOAT or t == self.low.onnx_type
 
 
-# The ops of which some nodes are planned alone (see _planned_alone).
-_MAYBE_ALONE = frozenset({"Cast", "Constant", "LayerNormalization", *PASS_THROUGH_ATTRIBUTES})
-
-
 def _stash_in_data_type(op: str, node: onnx.NodeProto) -> bool:
     """A LayerNormalization whose statistics are computed in the data's type (stash_type not 1)."""
     return op == "LayerNormalization" and attribute_int(node, "stash_type", 1) != 1
-
-
-def _planned_alone(op: str, node: onnx.NodeProto) -> bool:
-    """Whether the rules look past ``node``'s kind: at a Cast's target type,
-    a sparse Constant, a LayerNormalization's stash_type, a value a Pad
-    before opset 11 holds (which the safety rule judges)."""
-    if op == "Cast":
-        return True
-    if op == "Constant":
-        return any(a.name == "sparse_value" for a in node.attribute)
-    if op == "LayerNormalization":
-        return _stash_in_data_type(op, node)
-    return held_constant(node) is not None
 
 
 def _seen_bits(states: set) -> int:

@@ -159,7 +159,6 @@ SWITCH_OFF = {
     # (every node's rule None: the loop, and the chained path, work each out alone)
     "single-output type rules": (typeinfo, "_rule_rows", lambda ctx, *_: ([None], np.zeros(len(ctx.ops), np.int64))),
     "chained types": (typeinfo, "_chained_types", lambda *_: False),
-    "reused plan outcomes": (plan.Planner, "_kind_ids", lambda self, ctx, *_: [-1] * len(ctx.ops)),
 }
 
 
@@ -260,9 +259,8 @@ def test_casts_made_together_take_names_around_the_models(tmp_path):
 
 @pytest.mark.parametrize("name", ["zoo:gpt2", "zoo:controlflow", "odd"])
 def test_plan_columns_and_tally_agree_with_the_entries(name):
-    """Most entries are held as a shared decision and made when read: the
-    columns the rewrite reads and the tally the report reads, taken before
-    any entry is made, are those of the entries made one by one."""
+    """The columns the rewrite reads and the tally the report reads are
+    those of the entries, one by one."""
     from collections import Counter
 
     from amp_convert.plan import Precision
@@ -275,7 +273,6 @@ def test_plan_columns_and_tally_agree_with_the_entries(name):
     report = build_report(
         command="convert", model_path="m.onnx", model_nodes=0, output_path=None, written=False, options={}, conversion=result
     )
-    assert any(row >= 0 for entries in graphs.values() for row in entries.row_numbers), "no entry held as a shared decision"
     made = {path: list(entries) for path, entries in graphs.items()}
     assert tally == Counter((e.precision, e.rule, e.op_type) for entries in made.values() for e in entries)
     assert report["plan"]["rules"] == dict(sorted(Counter(e.rule for e in result.plan).items()))
@@ -290,14 +287,14 @@ def test_plan_columns_and_tally_agree_with_the_entries(name):
 
 
 def test_an_entry_read_is_the_one_kept():
-    """An entry made when read is kept: a change to it (the planner's
-    backward pass changes entries it reads) is what is read next, by index,
-    as a decision, in the columns and in the tally."""
+    """A change to an entry (the planner's backward pass changes entries it
+    reads) is what is read next, by index, as a decision, in the columns
+    and in the tally."""
     from amp_convert.plan import Precision
 
     result = convert(_load("zoo:gpt2"), level="O2", check="none")
     entries = result.plan.entries[""]
-    i = next(k for k, row in enumerate(entries.row_numbers) if row >= 0 and entries.rows[row][0] is Precision.LOW)
+    i = next(k for k, e in enumerate(entries) if e.precision is Precision.LOW)
     entry = entries[i]
     assert entries[i] is entry and entries[i - len(entries)] is entry
     fp32, low = ((p, entry.rule, entry.op_type) for p in (Precision.FP32, Precision.LOW))
