@@ -35,12 +35,11 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
-import numpy as np
 import onnx
 
 from .availability import KernelRule
 from .dtypes import FLOAT, LowDtype
-from .graph import UNTYPED, GraphContext, NodeLabels, SlotTable, attribute_int, cast_to, check_utf8
+from .graph import GraphContext, NodeLabels, attribute_int, cast_to, check_utf8
 from .lists import (
     CONTROL_FLOW_OPS,
     CONVERTED_INPUTS,
@@ -394,7 +393,7 @@ class Planner:
                 states[name] = NEUTRAL
         self._has_qdq = has_qdq = not {"DequantizeLinear", "QuantizeLinear"}.isdisjoint(ctx.ops)
         # Float32 input and output slots of every node, found once and shared by all rules.
-        floats = _all_float_slots(ctx)[0]
+        floats = [_float_slots(ctx, i) for i in range(len(ctx.nodes))]
         self._float_slots = floats
         pending: list[int] = []  # neutral follow nodes and sources, resolved backwards
         subgraphs = ctx.subgraphs
@@ -691,79 +690,6 @@ def _seen_bits(states: set) -> int:
 def _output_state(neutral: bool, low: bool) -> str:
     """The data state of a float output: neutral while its node waits for its consumers, else low or fp32."""
     return NEUTRAL if neutral else LOW if low else F32
-
-
-# Each slot's kind, two bits a slot in a node's code (see _all_float_slots).
-_OTHER_SLOT, _FLOAT_SLOT, _UNKNOWN_SLOT, _SEQUENCE_SLOT = 0, 1, 2, 3
-_CODED_SLOTS = 31  # slots a 62-bit code holds
-_ABSENT = -3  # (an empty name)
-
-
-def _all_float_slots(ctx: GraphContext) -> tuple[list[tuple[tuple[int, ...], tuple[int, ...], bool]], np.ndarray]:
-    """:func:`_float_slots` of every node, worked out once per pattern of
-    slot kinds (a graph repeats a few hundred): each tensor's type is looked
-    up once and the patterns are found with array operations. Nodes reading
-    a name this graph holds no type for (an outer value, an untyped name) or
-    with more slots than a code holds are worked out one by one. Also each
-    node's pattern number (-1 for those worked out alone)."""
-    n = len(ctx.ins)
-    if not n:
-        return [], np.zeros(0, np.int64)
-    outputs = ctx.output_slots()
-    output_types = ctx.tensor_types()[: len(outputs.names)]  # (the first tensors are the outputs)
-    output_types = np.where(output_types == UNTYPED, 0, output_types)  # (untyped: unknown)
-    in_codes, in_odd = _slot_codes(ctx.input_slots(), ctx.input_types().copy())
-    out_codes, out_odd = _slot_codes(outputs, output_types)
-    in_kinds, in_index = np.unique(in_codes, return_inverse=True)
-    out_kinds, out_index = np.unique(out_codes, return_inverse=True)
-    kinds, kind_index = np.unique(in_index.ravel() * len(out_kinds) + out_index.ravel(), return_inverse=True)
-    patterns = []
-    for kind in kinds.tolist():
-        float_ins, in_unknown, in_sequence = _decode(int(in_kinds[kind // len(out_kinds)]))
-        float_outs, out_unknown, out_sequence = _decode(int(out_kinds[kind % len(out_kinds)]))
-        sequence = (in_sequence or out_sequence) and bool(float_ins or float_outs)
-        patterns.append((float_ins, float_outs, in_unknown or out_unknown or sequence))
-    numbers = kind_index.ravel()
-    slots = list(map(patterns.__getitem__, numbers.tolist()))
-    odd = in_odd | out_odd
-    for i in np.flatnonzero(odd).tolist():
-        slots[i] = _float_slots(ctx, i)
-    numbers[odd] = -1
-    return slots, numbers
-
-
-def _slot_codes(table: SlotTable, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per node: its slots' kinds as one code, and whether the code cannot
-    stand for it (an input of no type here, more slots than a code holds).
-    ``t``: each slot's type (changed here)."""
-    n = len(table.counts)
-    odd = table.counts > _CODED_SLOTS
-    codes = np.zeros(n, np.int64)
-    if not table.names:
-        return codes, odd
-    if "" in table.names:  # (an empty name is an absent optional tensor: no type to look at)
-        t[[k for k, name in enumerate(table.names) if not name]] = _ABSENT
-    kind = np.select([t == FLOAT, t == 0, t == NOT_A_TENSOR], [_FLOAT_SLOT, _UNKNOWN_SLOT, _SEQUENCE_SLOT], _OTHER_SLOT)
-    odd[table.node[t == UNTYPED]] = True
-    coded = table.slot < _CODED_SLOTS
-    values = np.where(coded, kind << (2 * np.minimum(table.slot, _CODED_SLOTS - 1)), 0)
-    filled = table.counts > 0
-    codes[filled] = np.add.reduceat(values, table.starts()[filled])
-    return codes, odd
-
-
-def _decode(code: int) -> tuple[tuple[int, ...], bool, bool]:
-    """(float32 slots, some slot unknown, some slot a sequence) of a code."""
-    floats, unknown, sequence, slot = [], False, False, 0
-    while code:
-        kind = code & 3
-        if kind == _FLOAT_SLOT:
-            floats.append(slot)
-        unknown |= kind == _UNKNOWN_SLOT
-        sequence |= kind == _SEQUENCE_SLOT
-        code >>= 2
-        slot += 1
-    return tuple(floats), unknown, sequence
 
 
 def _float_slots(ctx: GraphContext, i: int) -> tuple[tuple[int, ...], tuple[int, ...], bool]:

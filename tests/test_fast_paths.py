@@ -17,7 +17,7 @@ from helpers import init, model, value
 from hypothesis import HealthCheck, given, settings
 from onnx import TensorProto, helper, numpy_helper
 
-from amp_convert import convert, plan, typeinfo
+from amp_convert import convert, typeinfo
 from amp_convert.graph import build_context
 from amp_convert.schema import model_opsets
 from models.rule_graphs import RULE_GRAPHS
@@ -149,13 +149,8 @@ def _results(original: onnx.ModelProto) -> list[tuple[bytes, str, dict]]:
     return out
 
 
-def _per_node_float_slots(ctx):
-    return [plan._float_slots(ctx, i) for i in range(len(ctx.ins))], np.full(len(ctx.ins), -1, np.int64)
-
-
 # Each fast path, and how to switch it off: the general code then does its work.
 SWITCH_OFF = {
-    "float-slot patterns": (plan, "_all_float_slots", _per_node_float_slots),
     # (every node's rule None: the loop, and the chained path, work each out alone)
     "single-output type rules": (typeinfo, "_rule_rows", lambda ctx, *_: ([None], np.zeros(len(ctx.ops), np.int64))),
     "chained types": (typeinfo, "_chained_types", lambda *_: False),
@@ -169,22 +164,6 @@ def test_a_fast_path_switched_off_changes_nothing(name, fast_path, monkeypatch):
     fast = _results(original)
     monkeypatch.setattr(*SWITCH_OFF[fast_path])
     assert _results(original) == fast
-
-
-@pytest.mark.parametrize("name", CASES)
-def test_float_slot_patterns_match_the_per_node_answer(name):
-    """Node by node, in every graph and subgraph (the end-to-end test above
-    only sees the slots that change a decision)."""
-    original = _load(name)
-    root = build_context(original.graph)
-    typeinfo.infer_types(root, model_opsets(original))
-    for ctx in root.walk():
-        slots, patterns = plan._all_float_slots(ctx)
-        assert slots == _per_node_float_slots(ctx)[0], ctx.path
-        assert len(patterns) == len(ctx.ins)
-        if name == "odd" and ctx.parent is None:  # (the per-node path is for what the codes cannot hold)
-            worked_alone = {ctx.nodes[i].name for i in np.flatnonzero(patterns < 0).tolist()}
-            assert worked_alone == {"wide", "mystery", "unknown_sum"}  # (70 slots; inputs of no type)
 
 
 @pytest.mark.parametrize("name", CASES)
