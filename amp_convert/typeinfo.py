@@ -9,22 +9,18 @@ float32?".
 
 from __future__ import annotations
 
-from itertools import repeat
-
 import numpy as np
 import onnx
 from onnx import TensorProto
 
 from .dtypes import TYPE_STR_TO_ELEM
-from .graph import UNTYPED, GraphContext, distinct_rows
+from .graph import GraphContext, distinct_rows
 from .lists import DTYPE_ATTRIBUTE_OPS
 from .schema import Signature, is_default_domain, opset_domain, signature
 
 NOT_A_TENSOR = -1  # sequences, optionals, maps: never converted
 
 _LIKE_OPS = frozenset({"RandomNormalLike", "RandomUniformLike", "EyeLike", "Bernoulli"})
-# Ops whose output type an input's decides in a way of their own (see _special_output_type).
-_INPUT_TYPED_OPS = _LIKE_OPS | {"QuantizeLinear"}
 # Default-domain ops whose output type an attribute or a subgraph decides.
 _SPECIAL_OPS = frozenset(
     {"Constant", "ConstantOfShape", "LayerNormalization", "RMSNormalization", "QuantizeLinear", "If", "Loop", "Scan"}
@@ -81,8 +77,6 @@ def infer_types(
     for name, tensor in ctx.initializers.items():
         types[name] = tensor.data_type
     rows = _rule_rows(ctx, opsets, rules)
-    if _chained_types(ctx, opsets, rules, rows, assume_float):
-        return
     subgraphs, all_ins, known = ctx.subgraphs, ctx.ins, types.get
     single = _single_output_rules(ctx, rows)
     for i, outs in enumerate(ctx.outs):
@@ -152,128 +146,6 @@ def _single_output_rules(ctx: GraphContext, rows: tuple[list[tuple | None], np.n
     for i in ctx.subgraphs:
         single[i] = None
     return single
-
-
-def _chained_types(
-    ctx: GraphContext,
-    opsets: dict[str, int],
-    rules: dict,
-    rows: tuple[list[tuple | None], np.ndarray],
-    assume_float: frozenset[str],
-) -> bool:
-    """The loop of :func:`infer_types` in array operations, for a main
-    graph without bodies (most large graphs). Each output nothing declares
-    either has a type of its own (an attribute's, its rule's fallback) or
-    takes the type of a tensor it is linked to: the first input its rule
-    names that the graph holds, which in a sorted graph is the one the loop
-    would take when that input's type is known. Types pass along the links
-    by pointer jumping (a chain of n links in about log2(n) array steps),
-    not node by node. Also fills the tensor type column (see
-    :meth:`GraphContext.tensor_types`). Returns False, having written
-    nothing, where the links cannot stand for the loop: an output named
-    twice or also as an initializer or input, an op whose type an input's
-    decides in a way of its own, custom ops taken to be float, a link to a
-    tensor of no type, a cycle."""
-    if ctx.parent is not None or ctx.subgraphs or not ctx.ops or not _INPUT_TYPED_OPS.isdisjoint(ctx.ops):
-        return False
-    outputs, table, types = ctx.output_slots(), ctx.tensors(), ctx.types
-    n_out, producer = len(outputs.names), ctx.producer
-    if len(producer) != n_out - outputs.names.count("") or not (
-        producer.keys().isdisjoint(ctx.initializers.keys()) and producer.keys().isdisjoint(ctx.input_set)
-    ):  # (views and sets: the smaller is walked)
-        return False
-    declared = np.fromiter(map(types.get, table.names, repeat(UNTYPED)), np.int64, len(table.names))
-    own = np.where(declared == UNTYPED, 0, declared)  # each tensor's type of its own (0: none, or taken from a link)
-    links = np.arange(len(own))
-    unnamed = [p for p, name in enumerate(outputs.names) if not name] if n_out != len(producer) else []
-    pending = own[:n_out] == 0  # outputs whose type the rules find
-    pending[unnamed] = False
-    input_starts, output_starts = ctx.input_slots().starts(), outputs.starts()
-    found, inverse = rows
-    order = np.argsort(inverse, kind="stable")
-    ends = np.cumsum(np.bincount(inverse, minlength=len(found))).tolist()
-    alone: list[np.ndarray] = []  # (several outputs, a type from an attribute, a custom domain: node by node)
-    for row, rule in enumerate(found):
-        nodes = order[ends[row - 1] if row else 0 : ends[row]]
-        if rule is None:
-            alone.append(nodes)
-            continue
-        positions = output_starts[nodes]
-        wanted = pending[positions]
-        _link(positions[wanted], input_starts[nodes[wanted]], rule, table.of_slot, own, links)
-    if alone:
-        nodes = np.sort(np.concatenate(alone))
-        if assume_float and not all(is_default_domain(ctx.domains[i]) for i in nodes.tolist()):
-            return False  # (the loop takes such an op's outputs of no type to be float32)
-        by_rule = _node_rules(ctx, nodes, opsets, rules, output_starts[nodes].tolist(), pending, own)
-        for rule, (positions, node_list) in by_rule.items():
-            _link(np.asarray(positions), input_starts[node_list], rule, table.of_slot, own, links)
-    linked = links != np.arange(len(links))
-    for _ in range(len(links).bit_length() + 1):
-        jumped = links[links]
-        if np.array_equal(jumped, links):
-            break
-        links = jumped
-    else:
-        return False  # (a cycle)
-    resolved = own[links]
-    if (resolved[linked] == 0).any():  # (a link to a tensor of no type: the loop would look past it)
-        return False
-    written = np.flatnonzero(pending & (resolved[:n_out] != 0))
-    types.update(zip(map(outputs.names.__getitem__, written.tolist()), resolved[written].tolist(), strict=True))
-    declared[written] = resolved[written]
-    declared.flags.writeable = False
-    ctx._tensor_types = declared
-    return True
-
-
-def _link(
-    positions: np.ndarray, starts: np.ndarray, rule: tuple, of_slot: np.ndarray, own: np.ndarray, links: np.ndarray
-) -> None:
-    """The outputs at ``positions`` (of nodes whose inputs start at slots
-    ``starts``) follow ``rule`` (see :func:`_generic_rule`): linked to the
-    first input it names that the graph holds, else of its fallback type."""
-    slots, fallback = rule
-    chosen = np.full(len(positions), -1)
-    for slot in slots:
-        chosen = np.where(chosen < 0, of_slot[starts + slot], chosen)
-    links[positions] = np.where(chosen < 0, positions, chosen)
-    own[positions[chosen < 0]] = fallback
-
-
-def _node_rules(
-    ctx: GraphContext,
-    nodes: np.ndarray,
-    opsets: dict[str, int],
-    rules: dict,
-    first_outputs: list[int],
-    pending: np.ndarray,
-    own: np.ndarray,
-) -> dict[tuple, tuple[list[int], list[int]]]:
-    """For the outputs of ``nodes`` (whose first outputs are at
-    ``first_outputs``) whose type the rules find: the type of their own
-    where an attribute fixes it, written in ``own``; for the others, by
-    rule, their positions and nodes (to :func:`_link` together)."""
-    by_rule: dict[tuple, tuple[list[int], list[int]]] = {}
-    fixed_at: list[int] = []
-    fixed: list[int] = []
-    waiting = pending.tolist()
-    for i, first in zip(nodes.tolist(), first_outputs, strict=True):
-        op, domain, n_inputs = ctx.ops[i], ctx.domains[i], len(ctx.ins[i])
-        special = op in _SPECIAL_OPS and is_default_domain(domain)
-        for k in range(len(ctx.outs[i])):
-            if not waiting[first + k]:
-                continue
-            t = _special_output_type(ctx, ctx.nodes[i], k, ()) if special else None
-            if t is not None:
-                fixed_at.append(first + k)
-                fixed.append(t)
-                continue
-            positions, of_nodes = by_rule.setdefault(_rule(rules, opsets, op, domain, k, n_inputs), ([], []))
-            positions.append(first + k)
-            of_nodes.append(i)
-    own[fixed_at] = fixed
-    return by_rule
 
 
 def _rule(rules: dict, opsets: dict[str, int], op: str, domain: str, k: int, n_inputs: int) -> tuple[tuple[int, ...], int]:

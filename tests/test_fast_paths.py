@@ -12,9 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from fuzz_graphs import fuzz_cases
 from helpers import init, model, value
-from hypothesis import HealthCheck, given, settings
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_convert import convert, typeinfo
@@ -151,9 +149,8 @@ def _results(original: onnx.ModelProto) -> list[tuple[bytes, str, dict]]:
 
 # Each fast path, and how to switch it off: the general code then does its work.
 SWITCH_OFF = {
-    # (every node's rule None: the loop, and the chained path, work each out alone)
+    # (every node's rule None: the loop works each out alone)
     "single-output type rules": (typeinfo, "_rule_rows", lambda ctx, *_: ([None], np.zeros(len(ctx.ops), np.int64))),
-    "chained types": (typeinfo, "_chained_types", lambda *_: False),
 }
 
 
@@ -310,40 +307,6 @@ def test_plan_entries_behave_as_the_list_they_stand_for():
     assert by_hand.entries[""].columns() == ([Precision.LOW], [(0, 1)], [(0,)]) and by_hand.entries[""] == made
 
 
-def _typed(model: onnx.ModelProto, chained: bool) -> tuple[list, list]:
-    """Every graph's types, in the order found, and type columns; by the chained fast path or by the loop."""
-    with pytest.MonkeyPatch.context() as patch:
-        if not chained:
-            patch.setattr(typeinfo, "_chained_types", lambda *_: False)
-        root = build_context(model.graph)
-        typeinfo.infer_types(root, model_opsets(model))
-        graphs = list(root.walk())
-        return [list(ctx.types.items()) for ctx in graphs], [ctx.tensor_types().tolist() for ctx in graphs]
-
-
-@pytest.mark.parametrize("name", [*CASES, "zoo:bert", "zoo:detector", "zoo:vit", "zoo:resnet50"])
-def test_chained_types_are_the_loops(name, monkeypatch):
-    """Types passed along links by pointer jumping are those the loop finds
-    node by node, found in the same order, and so is the type column they
-    fill; the fast path is taken on a main graph without bodies (bert's
-    LayerNormalization, with an output of an attribute's type, is worked
-    out node by node inside it)."""
-    model = _load(name)
-    taken: list[bool] = []
-    chained = typeinfo._chained_types
-
-    def spy(*args):
-        taken.append(chained(*args))
-        return taken[-1]
-
-    monkeypatch.setattr(typeinfo, "_chained_types", spy)
-    fast = _typed(model, True)
-    assert fast == _typed(model, False)
-    bodies = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in model.graph.node for a in n.attribute)
-    if name.startswith("zoo:") and not bodies:
-        assert taken[0], "the main graph was typed by the loop"
-
-
 def _typed_chain(ops: list[str], declared: dict[str, int]) -> onnx.ModelProto:
     """x -> ops... -> y, the tensors in ``declared`` declared with those types."""
     nodes, previous = [], "x"
@@ -356,17 +319,11 @@ def _typed_chain(ops: list[str], declared: dict[str, int]) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_chained_types_follow_a_long_chain_and_a_declared_type_breaks_it():
+def test_types_follow_a_long_chain_and_a_declared_type_breaks_it():
     """A chain of 3,000 nodes is typed end to end; a type declared midway
-    (value_info saying float16) is the one its followers take, as in the loop."""
+    (value_info saying float16) is the one its followers take."""
     model = _typed_chain(["Relu"] * 3000, {"t1500": TensorProto.FLOAT16})
-    types, _ = _typed(model, True)
-    found = dict(types[0])
+    root = build_context(model.graph)
+    typeinfo.infer_types(root, model_opsets(model))
+    found = root.types
     assert found["t1499"] == TensorProto.FLOAT and found["t1500"] == found["t2999"] == TensorProto.FLOAT16
-    assert _typed(model, False) == _typed(model, True)
-
-
-@settings(max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
-@given(case=fuzz_cases())
-def test_chained_types_are_the_loops_on_random_graphs(case):
-    assert _typed(case.model, True) == _typed(case.model, False)
