@@ -55,7 +55,6 @@ class GraphContext:
     _output_slots: SlotTable | None = None
     _tensors: TensorTable | None = None
     _tensor_types: np.ndarray | None = None
-    _op_codes: tuple[np.ndarray, int] | None = None
     _input_types: np.ndarray | None = None
     _names: list[str] | None = None
     _labels: NodeLabels | None = None
@@ -140,17 +139,6 @@ class GraphContext:
             self._tensors = tensor_table(self)
         return self._tensors
 
-    def op_codes(self) -> tuple[np.ndarray, int]:
-        """A number per node for its (op, domain), and how many there are."""
-        if self._op_codes is None:
-            codes, count = np.zeros(len(self.ops), np.int64), 1
-            for column in (self.ops, self.domains):
-                index = {value: k for k, value in enumerate(dict.fromkeys(column))}
-                codes = codes * len(index) + np.fromiter(map(index.__getitem__, column), np.int64, len(column))
-                count *= len(index)
-            self._op_codes = (codes, count)
-        return self._op_codes
-
     def output_slots(self) -> SlotTable:
         """Every node's output slots in one table (made on first use)."""
         if self._output_slots is None:
@@ -233,15 +221,6 @@ def slot_table(columns: list[list[str]]) -> SlotTable:
     node = np.repeat(np.arange(len(columns)), counts)
     starts = np.cumsum(counts) - counts
     return SlotTable(names, node, np.arange(len(names)) - np.repeat(starts, counts), counts)
-
-
-def distinct_rows(ctx: GraphContext, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Groups ``ctx``'s nodes by op, domain and the int ``codes`` given per
-    node: the first node of each group, and each node's group. Array
-    operations, where a Python loop would hash a tuple per node."""
-    op_codes, n_ops = ctx.op_codes()
-    _, first, inverse = np.unique(codes * n_ops + op_codes, return_index=True, return_inverse=True)
-    return first, inverse.ravel()
 
 
 class NodeLabels:

@@ -697,8 +697,6 @@ class Rewriter:
             return
 
 
-
-
 def declare_initializers(root: GraphContext) -> None:
     """Before IR version 4 every initializer is also a graph input of its
     type: the initializers the rewrite added get one, and the inputs of

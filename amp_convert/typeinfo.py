@@ -9,12 +9,11 @@ float32?".
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 from onnx import TensorProto
 
 from .dtypes import TYPE_STR_TO_ELEM
-from .graph import GraphContext, distinct_rows
+from .graph import GraphContext
 from .lists import DTYPE_ATTRIBUTE_OPS
 from .schema import Signature, is_default_domain, opset_domain, signature
 
@@ -76,26 +75,8 @@ def infer_types(
             types[value.name] = t
     for name, tensor in ctx.initializers.items():
         types[name] = tensor.data_type
-    rows = _rule_rows(ctx, opsets, rules)
-    subgraphs, all_ins, known = ctx.subgraphs, ctx.ins, types.get
-    single = _single_output_rules(ctx, rows)
+    subgraphs = ctx.subgraphs
     for i, outs in enumerate(ctx.outs):
-        rule = single[i]
-        if rule is not None:  # (the common node, inline: one default-domain output, typed by the schema; see _by_rule)
-            name = outs[0]
-            if name and name not in types:
-                slots, t = rule
-                ins = all_ins[i]
-                for slot in slots:
-                    source = ins[slot]
-                    if source:
-                        found = known(source) or ctx.type_of(source)
-                        if found:
-                            t = found
-                            break
-                if t:
-                    types[name] = t
-            continue
         subs = subgraphs.get(i, ()) if subgraphs else ()
         for sub in subs:
             infer_types(sub, opsets, rules, assume_float)
@@ -118,34 +99,6 @@ def infer_types(
                 ctx.assumed_float.add(outs[k])
             if t:
                 types[outs[k]] = t
-
-
-def _rule_rows(ctx: GraphContext, opsets: dict[str, int], rules: dict) -> tuple[list[tuple | None], np.ndarray]:
-    """The :func:`_generic_rule` of a node's one output where that is all
-    there is to it (a default-domain op of one output, no type from an
-    attribute), None for the rest: worked out once per distinct (op,
-    domain, input count, one output or not) with array operations. The
-    rules by row, and each node's row."""
-    if not ctx.ops:
-        return [], np.zeros(0, np.int64)
-    first, inverse = distinct_rows(ctx, ctx.input_slots().counts * 2 + (ctx.output_slots().counts == 1))
-    found: list[tuple | None] = []
-    for i in first.tolist():
-        op, domain, n_inputs = ctx.ops[i], ctx.domains[i], len(ctx.ins[i])
-        if len(ctx.outs[i]) != 1 or not is_default_domain(domain) or op in _SPECIAL_OPS:
-            found.append(None)
-            continue
-        found.append(_rule(rules, opsets, op, domain, 0, n_inputs))
-    return found, inverse
-
-
-def _single_output_rules(ctx: GraphContext, rows: tuple[list[tuple | None], np.ndarray]) -> list[tuple | None]:
-    """Per node, its rule of :func:`_rule_rows` (None for a node with subgraphs)."""
-    found, inverse = rows
-    single = list(map(found.__getitem__, inverse.tolist()))
-    for i in ctx.subgraphs:
-        single[i] = None
-    return single
 
 
 def _rule(rules: dict, opsets: dict[str, int], op: str, domain: str, k: int, n_inputs: int) -> tuple[tuple[int, ...], int]:
