@@ -61,3 +61,12 @@ def test_input_roles_hold_when_the_inputs_are_renamed():
         node.input[:] = [renames.get(x, x) for x in node.input]
     roles = {k: r.kind for k, r in input_roles(model).items()}
     assert roles == {"m": "mask", "p": "positions", "t": "index"}  # (positions: it reaches RotaryEmbedding)
+
+
+def test_a_mask_is_followed_through_the_gather_that_picks_it():
+    """transformers' BERT export gathers the padding mask by position
+    (Flatten -> Gather -> Reshape -> And -> Where) before it is added to
+    the scores: it is still a mask, all ones."""
+    bert = onnx.load(str(Path(__file__).resolve().parents[1] / "models" / "zoo" / "bert.onnx"))
+    roles = {k: (r.kind, r.rows) for k, r in input_roles(bert).items()}
+    assert roles == {"input_ids": ("index", 1000), "attention_mask": ("mask", None), "token_type_ids": ("index", 2)}
