@@ -84,6 +84,8 @@ CONFIG_KEYS = {
     "rtol",
     "min_cosine",
     "min_top1",
+    "check_error_stat",
+    "error_quantile",
     "tolerance",
     "per_node",
     "pin_choices",
@@ -308,6 +310,23 @@ class _Finite(click.ParamType):
 
 
 _TOLERANCE = _Finite("tolerance", 0.0)
+ERROR_STAT_CHOICES = ("max", "mean", "median", "quantile")  # (metrics.ERROR_STATS; cli imports metrics lazily)
+
+
+class _Quantile(_Finite):
+    """A number in (0, 1] (a _Finite, so a config file must give a number)."""
+
+    def __init__(self) -> None:
+        super().__init__("quantile", 0.0, 1.0, above=True)
+
+    def convert(self, value, param, ctx):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not 0.0 < number <= 1.0:  # (NaN fails too)
+            self.fail(f"{value!r}: expected a number in (0, 1]", param, ctx)
+        return number
 
 
 def validation_options(f):
@@ -370,12 +389,26 @@ def validation_options(f):
             help="Least cosine similarity per output (fp16 0.999, bf16 0.99). Example: --min-cosine 0.995",
         ),
         click.option(
+            "--check-error-stat",
+            type=click.Choice(ERROR_STAT_CHOICES),
+            default=None,
+            help="The statistic of each output's absolute errors held to atol + rtol * max|fp32| (default max: every "
+            "value). Example: --check-error-stat median",
+        ),
+        click.option(
+            "--error-quantile",
+            type=_Quantile(),
+            default=None,
+            help="The quantile, in (0, 1], that --check-error-stat quantile judges (default 0.99). "
+            "Example: --error-quantile 0.999",
+        ),
+        click.option(
             "--tolerance",
             "tolerances",
             multiple=True,
             metavar="NAME:FIELD=VALUE,...",
-            help="A tolerance of its own for output NAME (fields atol, rtol, min_cosine, min_top1; the others "
-            "keep the run's), repeatable. Example: --tolerance probs:atol=0.02,min_top1=0.999",
+            help="A tolerance of its own for output NAME (fields atol, rtol, min_cosine, min_top1, error_stat, "
+            "quantile; the others keep the run's), repeatable. Example: --tolerance probs:atol=0.02,min_top1=0.999",
         ),
         click.option(
             "--min-top1",
@@ -1009,10 +1042,14 @@ def _input_loads(reference, kw: dict, folder: Path, source) -> None:
 
 
 def _tolerance(kw: dict, reference_low: str):
-    """User tolerances over the dtype's defaults (None: all defaults)."""
+    """User tolerances over the dtype's defaults (None: all defaults).
+    --error-quantile without --check-error-stat quantile is refused."""
     from .metrics import DEFAULT_TOLERANCES, Tolerance
 
-    if all(kw[k] is None for k in ("atol", "rtol", "min_cosine", "min_top1")):
+    stat = kw["check_error_stat"] or "max"
+    if kw["error_quantile"] is not None and stat != "quantile":
+        raise AmpError(f"--error-quantile applies to --check-error-stat quantile only (the statistic is {stat})")
+    if all(kw[k] is None for k in ("atol", "rtol", "min_cosine", "min_top1", "check_error_stat")):
         return None
     base = DEFAULT_TOLERANCES[reference_low]
     return Tolerance(
@@ -1021,6 +1058,8 @@ def _tolerance(kw: dict, reference_low: str):
         min_cosine=base.min_cosine if kw["min_cosine"] is None else kw["min_cosine"],
         min_equal=base.min_equal,
         min_top1=kw["min_top1"],
+        error_stat=stat,
+        quantile=kw["error_quantile"],
     )
 
 

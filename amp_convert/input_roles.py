@@ -4,7 +4,10 @@ Random integers in [0, 2) are meaningless for most integer inputs of the
 models people convert: a random 0/1 attention mask masks whole rows, and
 token ids should range over the embedding table. The role of an integer
 (or bool) graph input comes from what it feeds, following it through ops
-that carry its values on (Cast, Unsqueeze, Reshape, Expand, Sub, Mul, ...):
+that carry its values on (Cast, Unsqueeze, Reshape, Expand, Sub, Mul, ...,
+and a Gather, GatherElements or GatherND of it, which picks some of them:
+transformers' padding masks are gathered by position on their way to the
+scores):
 
 * **mask** (all ones): it reaches an attention op's mask input (mask_index,
   key_padding_mask, attention_bias, ...; onnxruntime's attention family and
@@ -44,6 +47,8 @@ _CARRIERS = frozenset(
         *("And", "Or", "Where", "Min", "Max", "Clip"),
     }
 )
+# Ops that carry on the values of their data input (slot 0) only.
+_PICKERS = frozenset({"Gather", "GatherElements", "GatherND"})
 # (domain, op) -> {input slot: role}, for the ops whose slots say what they read.
 _SLOTS: dict[tuple[str, str], dict[int, str]] = {
     ("com.microsoft", "Attention"): {3: "mask", 5: "mask"},
@@ -124,7 +129,7 @@ def _role(name: str, readers, tables: dict[str, tuple[int, ...]]) -> InputRole |
                 if dims and -len(dims) <= axis < len(dims) and dims[axis] > 0:
                     why = f"indexes the rows of {node.input[0]!r} ({label})"
                     _keep_smallest(reached, InputRole("index", why, dims[axis]))
-            elif node.op_type in _CARRIERS and domain == "":
+            elif domain == "" and (node.op_type in _CARRIERS or (node.op_type in _PICKERS and k == 0)):
                 for out in node.output:
                     if out and out not in seen:
                         seen.add(out)

@@ -22,6 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from .errors import AmpError
+from .order_stats import LargestValues, Quantile
 
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -31,18 +32,30 @@ def is_float(dtype: np.dtype) -> bool:
     return dtype.kind in "fc" or dtype == _BFLOAT16
 
 
+# The statistic of an output's elementwise absolute errors that is judged
+# against its limit (Polygraphy's --check-error-stat): "max" is every value.
+ERROR_STATS = ("max", "mean", "median", "quantile")
+DEFAULT_QUANTILE = 0.99
+
+
 @dataclass(frozen=True)
 class Tolerance:
     """Pass/fail thresholds for one output.
 
     A float output passes when its NaN/Inf are those of the reference
     (none new, none made finite),
-    ``max_abs_err <= atol + rtol * max|ref|`` and ``cosine >= min_cosine``
+    ``stat(|ref - cand|) <= atol + rtol * max|ref|`` and ``cosine >= min_cosine``
     (not judged when every reference value lies within atol of zero);
     an integer or bool output when at least ``min_equal`` of its elements
     are equal. With ``min_top1``, a float output whose last axis has 2 or
     more entries also needs its argmax along that axis to agree with the
     reference's in at least that share of its rows.
+
+    ``stat`` is ``error_stat`` (ERROR_STATS) of the absolute errors of
+    every finite value of every sample: the max by default (each value
+    within the limit), or their mean, median or ``quantile`` (in (0, 1],
+    DEFAULT_QUANTILE when None; given only with "quantile"). The limit is
+    the same whatever the statistic. Invalid values raise AmpError.
     """
 
     atol: float
@@ -51,6 +64,35 @@ class Tolerance:
     min_equal: float = 0.99
     # Least top-1 agreement along the last axis of a float output (None: not judged).
     min_top1: float | None = None
+    error_stat: str = "max"
+    quantile: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.error_stat not in ERROR_STATS:
+            raise AmpError(f"unknown error statistic {self.error_stat!r}: use one of {', '.join(ERROR_STATS)}")
+        if self.quantile is not None:
+            if not 0.0 < self.quantile <= 1.0:  # (NaN fails too)
+                raise AmpError(f"error quantile {self.quantile!r}: must be in (0, 1]")
+            if self.error_stat != "quantile":
+                raise AmpError(
+                    f"an error quantile ({self.quantile:g}) applies to the statistic quantile only, not {self.error_stat}"
+                )
+
+    @property
+    def q(self) -> float:
+        """The quantile judged (where the statistic is one)."""
+        return DEFAULT_QUANTILE if self.quantile is None else self.quantile
+
+    @property
+    def stat_key(self) -> str:
+        """The check's name in ``checks`` and the reports: max_abs_err (as ever), mean_abs_err, ..."""
+        return f"{self.error_stat}_abs_err"
+
+    @property
+    def stat_label(self) -> str:
+        """The statistic as the terminal says it: "max abs error", "median abs error", "p99 abs error"."""
+        name = f"p{self.q * 100:g}" if self.error_stat == "quantile" else self.error_stat
+        return f"{name} abs error"
 
     def as_dict(self) -> dict:
         return {
@@ -59,33 +101,50 @@ class Tolerance:
             "min_cosine": self.min_cosine,
             "min_equal": self.min_equal,
             "min_top1": self.min_top1,
+            "error_stat": self.error_stat,
+            "quantile": self.q if self.error_stat == "quantile" else None,
         }
 
 
-# What a per-output tolerance may set, and the range each value must lie in.
-TOLERANCE_FIELDS = {"atol": (0.0, math.inf), "rtol": (0.0, math.inf), "min_cosine": (-1.0, 1.0), "min_top1": (0.0, 1.0)}
+# What a per-output tolerance may set: number fields and the range each value
+# must lie in (its bounds included, but for quantile's 0), and the statistic.
+TOLERANCE_FIELDS = {
+    "atol": (0.0, math.inf),
+    "rtol": (0.0, math.inf),
+    "min_cosine": (-1.0, 1.0),
+    "min_top1": (0.0, 1.0),
+    "quantile": (0.0, 1.0),
+    "error_stat": ERROR_STATS,
+}
 
 
-def parse_tolerances(values: Sequence[str]) -> dict[str, dict[str, float]]:
+def parse_tolerances(values: Sequence[str]) -> dict[str, dict[str, float | str]]:
     """Per-output tolerances, each ``NAME:field=value,...`` (fields of
     TOLERANCE_FIELDS; the ones left out keep the run's tolerance): output
     name -> the fields given. Raises AmpError naming the bad entry."""
-    found: dict[str, dict[str, float]] = {}
+    found: dict[str, dict[str, float | str]] = {}
     for text in values:
         name, sep, spec = text.rpartition(":")
         if not sep or not name or not spec:
-            raise AmpError(f"tolerance {text!r}: expected NAME:atol=...,rtol=...,min_cosine=...,min_top1=...")
+            raise AmpError(f"tolerance {text!r}: expected NAME:atol=...,rtol=...,min_cosine=...,min_top1=...,error_stat=...")
         fields = found.setdefault(name, {})
         for item in spec.split(","):
             key, eq, raw = item.strip().partition("=")
             key = key.strip().replace("-", "_")
             if key not in TOLERANCE_FIELDS or not eq:
                 raise AmpError(f"tolerance {text!r}: {item.strip()!r} is not one of {', '.join(TOLERANCE_FIELDS)} = value")
+            if key == "error_stat":
+                if raw.strip() not in ERROR_STATS:
+                    raise AmpError(f"tolerance {text!r}: error_stat is one of {', '.join(ERROR_STATS)}, not {raw.strip()!r}")
+                fields[key] = raw.strip()
+                continue
             try:
                 value = float(raw)
             except ValueError:
                 raise AmpError(f"tolerance {text!r}: {key} takes a number, not {raw.strip()!r}") from None
             low, high = TOLERANCE_FIELDS[key]
+            if key == "quantile" and not 0.0 < value <= 1.0:
+                raise AmpError(f"tolerance {text!r}: quantile must be a number in (0, 1]")
             if not (math.isfinite(value) and low <= value <= high):
                 raise AmpError(f"tolerance {text!r}: {key} must be a finite number in [{low:g}, {high:g}]")
             fields[key] = value
@@ -106,6 +165,10 @@ WarningKind = Literal["all_zeros", "mixed_scales"]
 # How many of an output's largest errors are kept, to count those over its
 # limit (known only once every sample is in); beyond that it says "at least".
 OVER_KEPT = 1 << 16
+# For an output judged by its median or a quantile, how many (float64, 32
+# MiB): exact while the statistic's order statistics are among them, else
+# bounded by a histogram (order_stats.py).
+QUANTILE_KEPT = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -171,13 +234,18 @@ class ErrorStats:
 
     ``detailed=False`` (intermediate tensors of the per-node diff) keeps only
     what the relative RMS error needs, at a fraction of the cost;
-    ``map_values``: the declared type of a map output's values.
+    ``map_values``: the declared type of a map output's values;
+    ``quantiles``: keep what an exact median or quantile of the errors needs
+    (QUANTILE_KEPT of the largest, and a histogram past them), for an
+    output judged by one; else OVER_KEPT, and such a statistic is only
+    bounded (by 0 and the smallest kept) once more values came.
     """
 
-    def __init__(self, name: str, detailed: bool = True, map_values: np.dtype | None = None):
+    def __init__(self, name: str, detailed: bool = True, map_values: np.dtype | None = None, quantiles: bool = False):
         self.name = name
         self.detailed = detailed
         self.map_values = map_values
+        self.quantiles = quantiles
         self.element: tuple[str, int] | None = None  # (sequence, index) where this is a sequence's element
         self.kind = ""  # "float" or "exact"
         self.dtype = ""
@@ -202,7 +270,8 @@ class ErrorStats:
         self._axes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._axes_shape: tuple[int, ...] | None = None  # the shape they are kept for (() once shapes differ)
         self._axes_samples = 0  # the samples folded into them
-        self._largest = np.empty(0)  # the OVER_KEPT largest errors so far, in no order
+        # The largest absolute errors so far (and with quantiles, a histogram of them all)
+        self._errors = LargestValues(QUANTILE_KEPT, histogram=True) if quantiles else LargestValues(OVER_KEPT)
         self.top1_rows = 0  # rows along the last axis compared by their argmax
         self.top1_agree = 0
 
@@ -255,7 +324,7 @@ class ErrorStats:
         abs_r = np.abs(r)
         if ref.ndim >= 2 and r.size == ref.size:  # (every value finite: the arrays keep the output's shape)
             self._update_axes(ref.shape, abs_r, err)
-        self._keep_largest(err)
+        self._errors.add(err)
         if ref.ndim >= 1 and ref.shape[-1] >= 2:
             self._update_top1(ref, cand)
         scale = float(abs_r.max())
@@ -271,15 +340,6 @@ class ErrorStats:
         floor = max(scale * 1e-3, np.finfo(np.float32).tiny)
         self.max_rel_err = max(self.max_rel_err, float((err / np.maximum(abs_r, floor)).max()))
 
-    def _keep_largest(self, err: np.ndarray) -> None:
-        """Keep the OVER_KEPT largest errors seen."""
-        if err.size > OVER_KEPT:
-            err = np.partition(err, err.size - OVER_KEPT)[-OVER_KEPT:]
-        kept = np.concatenate((self._largest, err))
-        if kept.size > OVER_KEPT:
-            kept = np.partition(kept, kept.size - OVER_KEPT)[-OVER_KEPT:]
-        self._largest = kept
-
     def _update_top1(self, ref: np.ndarray, cand: np.ndarray) -> None:
         """Count the rows (along the last axis) whose argmax the candidate keeps."""
         r = np.argmax(ref.astype(np.float32, copy=False), axis=-1)
@@ -294,9 +354,22 @@ class ErrorStats:
 
     def over_limit(self, tol: Tolerance) -> tuple[int, bool]:
         """How many values' errors exceed the limit ``tol`` allows, and
-        whether that is a lower bound (more than OVER_KEPT did)."""
-        n = int(np.count_nonzero(self._largest > self.limit_abs_err(tol)))
-        return n, n == OVER_KEPT and self.count > OVER_KEPT
+        whether that is a lower bound (more than the kept errors did)."""
+        return self._errors.count_above(self.limit_abs_err(tol))
+
+    def error_stat(self, tol: Tolerance) -> Quantile:
+        """``tol``'s statistic of the absolute errors of every finite value
+        compared (0 where there is none): the max and mean exactly (the
+        mean from float64 sums), a median or quantile exactly where its
+        order statistics are kept (see ``quantiles``), else as an interval
+        whose upper end is the value judged."""
+        if tol.error_stat == "max":
+            return Quantile(self.max_abs_err)
+        if tol.error_stat == "mean":
+            return Quantile(self.sum_abs_err / self.count if self.count else 0.0)
+        if tol.error_stat == "median":
+            return self._errors.median()
+        return self._errors.quantile(tol.q)
 
     def over_limit_text(self, tol: Tolerance) -> str:
         """The count of values over the limit, said against all of them ("2,035 of 409,600 values")."""
@@ -426,7 +499,7 @@ class ErrorStats:
         else:
             every = {
                 "nonfinite": self.new_nonfinite == 0 and self.lost_nonfinite == 0,
-                "max_abs_err": self.max_abs_err <= self.limit_abs_err(tol),
+                tol.stat_key: self.error_stat(tol).value <= self.limit_abs_err(tol),
                 # Cosine says nothing about outputs that lie within atol of zero...
                 "cosine": self.cosine >= tol.min_cosine or self.max_abs_ref <= tol.atol,
             }
@@ -473,12 +546,17 @@ class ErrorStats:
                 )
                 if count
             ),
-            "max_abs_err": f"max abs error {self.max_abs_err:.3g} > {self.limit_abs_err(tol):.3g} "
+            tol.stat_key: f"{tol.stat_label} {self._stat_text(tol)} > {self.limit_abs_err(tol):.3g} "
             f"({self.over_limit_text(tol)} over it{self._top1_text()})",
             "cosine": f"cosine {self.cosine:.5f} < {tol.min_cosine}",
             "top1": f"top-1 agreement {self.top1_agreement or 0:.4%} < {tol.min_top1}",
         }
         return [reasons[name] for name, ok in checks.items() if not ok]
+
+    def _stat_text(self, tol: Tolerance) -> str:
+        """The statistic's value, "~" before one only bounded (its upper end)."""
+        found = self.error_stat(tol)
+        return f"{found.value:.3g}" if found.exact else f"~{found.value:.3g}"
 
     def _top1_text(self) -> str:
         agreement = self.top1_agreement
@@ -518,6 +596,15 @@ class ErrorStats:
             )
             if tol is not None:
                 d["values_over_limit"], d["values_over_limit_at_least"] = self.over_limit(tol)
+                found = self.error_stat(tol)
+                d["error_stat"] = {
+                    "name": tol.error_stat,
+                    "quantile": tol.q if tol.error_stat == "quantile" else None,
+                    "value": found.value,
+                    "exact": found.exact,
+                    # (an inexact one: the interval that holds it; the value judged is its upper end)
+                    "bounds": None if found.exact else [found.low, found.high],
+                }
         if tol is not None:
             failures = self.verdict(tol, only)
             d["passed"] = not failures
@@ -546,15 +633,16 @@ class SequenceStats:
     ``taken``: the report's row names so far, shared by every output, so
     that an element's row never takes a name another row has (an output
     literally named ``out[0]``); ``map_values``: the declared type of its
-    maps' values.
+    maps' values; ``quantiles``: its elements' (see :class:`ErrorStats`).
     """
 
     kind = dtype = "sequence"
 
-    def __init__(self, name: str, taken: set[str] | None = None, map_values: np.dtype | None = None):
+    def __init__(self, name: str, taken: set[str] | None = None, map_values: np.dtype | None = None, quantiles: bool = False):
         self.name = name
         self.taken = {name} if taken is None else taken
         self.map_values = map_values
+        self.quantiles = quantiles
         self.element: tuple[str, int] | None = None  # (sequence, index) where this is a sequence's element
         self.samples = 0
         self.structure = StructureDiffs()
@@ -585,9 +673,9 @@ class SequenceStats:
             if element is None:
                 name = self._unique(f"{self.name}[{i}]")
                 if isinstance(r, list):
-                    element = SequenceStats(name, self.taken, self.map_values)
+                    element = SequenceStats(name, self.taken, self.map_values, self.quantiles)
                 else:
-                    element = ErrorStats(name, map_values=self.map_values)
+                    element = ErrorStats(name, map_values=self.map_values, quantiles=self.quantiles)
                 element.element = (self.name, i)
                 self.elements[i] = element
             element.update(r, c, sample)
@@ -736,7 +824,7 @@ def _badness(stats: ErrorStats | SequenceStats, tol: Tolerance) -> float:
     if stats.kind == "exact":
         off, allowed = 1.0 - stats.equal_fraction, 1.0 - tol.min_equal
     elif stats.kind == "float":
-        off, allowed = stats.max_abs_err, stats.limit_abs_err(tol)
+        off, allowed = stats.error_stat(tol).value, stats.limit_abs_err(tol)
     else:
         return 0.0
     return off / allowed if allowed > 0 else (math.inf if off > 0 else 0.0)
@@ -750,7 +838,7 @@ def _detail(stats: ErrorStats | SequenceStats, tol: Tolerance) -> str:
         if failures:
             return failures[0] if row is stats else f"{row.name}: {failures[0]}"
     if isinstance(stats, ErrorStats) and stats.kind == "float":
-        return f"max abs error {stats.max_abs_err:.3g} <= {stats.limit_abs_err(tol):.3g}"
+        return f"{tol.stat_label} {stats._stat_text(tol)} <= {stats.limit_abs_err(tol):.3g}"
     if isinstance(stats, ErrorStats) and stats.kind == "exact":
         return f"{stats.equal_fraction:.4f} equal"
     return "as fp32's"

@@ -24,7 +24,10 @@ SCHEMA_ID = "amp-convert-report"
 #    warnings, warning_kinds and checks always there (unreleased between 3 and 5: one version).
 # 6: plan.coverage (the share of float compute that runs low, the causes of the rest, the warning);
 #    validation.kernel_note.
-SCHEMA_VERSION = 7
+# 7: values_over_limit(_at_least), top1_agreement and top1_rows beside an output's metrics; tolerance.min_top1.
+# 8: error_stat beside a judged float output's metrics (the statistic of its absolute errors that is judged:
+#    name, quantile, value, exact, bounds), and error_stat and quantile in every tolerance.
+SCHEMA_VERSION = 8
 
 
 def report_schema() -> dict:
@@ -179,11 +182,17 @@ def _metric_rows(label: str, out: dict, tol: dict, judged_only: bool = False) ->
     rows = []
     if not judged_only:
         limit = f"<= {_fmt(out['limit_abs_err'])}"
-        rows.append(("max abs error", _fmt(out["max_abs_err"]), limit, _pf(checks["max_abs_err"])))
+        stat = out.get("error_stat") or {"name": "max"}
+        if stat["name"] == "max":
+            rows.append(("max abs error", _fmt(out["max_abs_err"]), limit, _pf(checks["max_abs_err"])))
+        else:  # (the statistic judged first, the max beside it)
+            rows.append((_stat_label(stat), _stat_value(stat), limit, _pf(checks[f"{stat['name']}_abs_err"])))
+            rows.append(("max abs error", _fmt(out["max_abs_err"]), "", ""))
         if "values_over_limit" in out:
             over = f"{'at least ' if out['values_over_limit_at_least'] else ''}{out['values_over_limit']:,} of {out['values']:,}"
             rows.append(("over the limit", over, "", ""))
-        rows.append(("mean abs error", _fmt(out["mean_abs_err"]), "", ""))
+        if stat["name"] != "mean":
+            rows.append(("mean abs error", _fmt(out["mean_abs_err"]), "", ""))
         rows.append(("max rel error", _fmt(out["max_rel_err"]), "", ""))
     rows.append(("cosine", f"{out['cosine']:.6f}", f">= {tol['min_cosine']}", _pf(checks["cosine"])))
     if out.get("top1_agreement") is not None and not judged_only:
@@ -203,6 +212,17 @@ def _metric_rows(label: str, out: dict, tol: dict, judged_only: bool = False) ->
     for kind in out.get("warning_kinds", []) if not judged_only else ():
         rows.append(_WARNING_ROWS[kind])
     return [(label if k == 0 else "", *row) for k, row in enumerate(rows)]
+
+
+def _stat_label(stat: dict) -> str:
+    """A judged statistic as the terminal names it: "median abs error", "p99.9 abs error"."""
+    name = f"p{stat['quantile'] * 100:g}" if stat["name"] == "quantile" else stat["name"]
+    return f"{name} abs error"
+
+
+def _stat_value(stat: dict) -> str:
+    """Its value; one only bounded (past the errors kept) shows its upper end, after "~"."""
+    return _fmt(stat["value"]) if stat["exact"] else f"~{_fmt(stat['value'])}"
 
 
 def _structure_differs(out: dict) -> bool:
@@ -368,13 +388,17 @@ def _summary_line(report: dict) -> str:
 
 
 def _outputs_table(v: dict) -> str:
-    head = "<table id='outputs'><tr><th>output</th><th>max abs err</th><th>limit</th><th>mean abs err</th>"
+    # A column for the statistic judged where some output is judged by another than its max.
+    stats = any((o.get("error_stat") or {"name": "max"})["name"] != "max" for o in v["outputs"])
+    head = "<table id='outputs'><tr><th>output</th><th>max abs err</th>"
+    head += "<th>judged error</th>" if stats else ""
+    head += "<th>limit</th><th>mean abs err</th>"
     head += "<th>max rel err</th><th>over the limit</th><th>cosine</th><th>top-1 agreement</th><th>SNR dB</th>"
     head += "<th>NaN/Inf (fp32)</th><th>result</th></tr>"
     judged = [(o["name"], o, False) for o in v["outputs"]]
     # the values a pinned choice reads are judged too (as the terminal table shows)
     judged += [(f"{o['name']} (choice input)", o, True) for o in v["pinned"]["inputs"]]
-    rows = [head, *(_output_row(*row) for row in judged), "</table>"]
+    rows = [head, *(_output_row(*row, stats=stats) for row in judged), "</table>"]
     failures = [
         f"<li>{html.escape(label)}: {html.escape('; '.join(o['failures']))}</li>" for label, o, _ in judged if o["failures"]
     ]
@@ -390,8 +414,9 @@ def _outputs_table(v: dict) -> str:
     return "".join(rows)
 
 
-def _output_row(label: str, o: dict, judged_only: bool = False) -> str:
-    """One compared tensor; ``judged_only``: only the metrics it is judged on (finite, cosine)."""
+def _output_row(label: str, o: dict, judged_only: bool = False, stats: bool = False) -> str:
+    """One compared tensor; ``judged_only``: only the metrics it is judged on (finite, cosine);
+    ``stats``: with a cell for the statistic of its errors that is judged."""
     ok = o["passed"]
     verdict = f"<td class='{'good' if ok else 'bad'}' title='{html.escape('; '.join(o['failures']))}'>{_pf(ok)}</td>"
     if o["kind"] != "float" or o.get("shape_mismatch") or _structure_differs(o):
@@ -406,9 +431,14 @@ def _output_row(label: str, o: dict, judged_only: bool = False) -> str:
             detail = f"{e['passed']} of {e['count']} elements pass; the worst {e['worst']['name']}: {e['worst']['detail']}"
         else:
             detail = f"sequence: {_held(o)}" if o["kind"] == "sequence" else "empty in both"
-        return f"<tr><td>{html.escape(label)}</td><td colspan='9'>{html.escape(detail)}</td>{verdict}</tr>"
+        return f"<tr><td>{html.escape(label)}</td><td colspan='{10 if stats else 9}'>{html.escape(detail)}</td>{verdict}</tr>"
     shown = ("max_abs_err", "limit_abs_err", "mean_abs_err", "max_rel_err")
     cells = "".join(f"<td class='num'>{'-' if judged_only else _fmt(o[k])}</td>" for k in shown)
+    if stats:
+        stat = o.get("error_stat")
+        judged = "-" if judged_only or stat is None else f"{_stat_label(stat).removesuffix(' abs error')} {_stat_value(stat)}"
+        first = cells.index("</td>") + len("</td>")  # (after the max abs error)
+        cells = f"{cells[:first]}<td class='num'>{html.escape(judged)}</td>{cells[first:]}"
     over = "-" if judged_only or "values_over_limit" not in o else f"{o['values_over_limit']:,} of {o['values']:,}"
     top1 = "-" if judged_only or o.get("top1_agreement") is None else f"{o['top1_agreement']:.4%}"
     nonfinite = f"{o['cand_nan'] + o['cand_inf']} ({o['ref_nan'] + o['ref_inf']})"

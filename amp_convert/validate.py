@@ -67,7 +67,7 @@ class ValidationConfig:
     # lacks is expected of a model aimed at another, where the run on the CPU is emulated.
     target_provider: str = "cuda"
     # Per output name, the tolerance fields that differ from ``tolerance`` (metrics.parse_tolerances).
-    tolerances: dict[str, dict[str, float]] = field(default_factory=dict)
+    tolerances: dict[str, dict[str, float | str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -321,7 +321,7 @@ class Validator:
                 f"tolerance for {', '.join(map(repr, unknown))}: not an output of the model "
                 f"(its outputs: {', '.join(self.output_names)})"
             )
-        per_output = {name: replace(tolerance, **fields) for name, fields in config.tolerances.items()}
+        per_output = {name: _own_tolerance(name, tolerance, fields) for name, fields in config.tolerances.items()}
         for name, ref_kind, cand_out in zip(self.output_names, self.output_kinds, candidate.graph.output, strict=True):
             cand_kind = _kind(cand_out.type)
             if ref_kind and cand_kind and ref_kind != cand_kind:
@@ -358,10 +358,12 @@ class Validator:
         run_model, own = pin(candidate, pins, tensor_names(cand_ctx)) if pins else (candidate, {})
         cand = self._candidate_session(run_model, cand_low, config.emulate, exposed, written)
         taken = set(self.output_names)  # (the report's row names: an element's never takes an output's)
+        # (an output judged by its median or a quantile keeps what an exact one needs)
+        ordered = {n for n in self.output_names if per_output.get(n, tolerance).error_stat in ("median", "quantile")}
         out_stats = {
-            n: SequenceStats(n, taken, self.map_values[n])
+            n: SequenceStats(n, taken, self.map_values[n], n in ordered)
             if n in self.sequence_outputs
-            else ErrorStats(n, map_values=self.map_values[n])
+            else ErrorStats(n, map_values=self.map_values[n], quantiles=n in ordered)
             for n in self.output_names
         }
         tensor_stats = {n: ErrorStats(n, detailed=False) for n in tensors}
@@ -513,6 +515,19 @@ def validate(
     on the same samples, outputs are reused)."""
     validator = Validator(reference, source, config, cache_bytes=0, base_dir=base_dir, calibration=calibration)
     return validator.check(candidate, plan, progress=progress)
+
+
+def _own_tolerance(name: str, tolerance: Tolerance, fields: dict[str, float | str]) -> Tolerance:
+    """``tolerance`` with the fields output ``name`` sets; a combination
+    that means nothing (a quantile for a statistic that is no quantile) is
+    an AmpError naming the output. A statistic of its own drops the
+    run's quantile unless it is a quantile too."""
+    if fields.get("error_stat", "quantile") != "quantile" and "quantile" not in fields:
+        fields = {**fields, "quantile": None}
+    try:
+        return replace(tolerance, **fields)
+    except AmpError as e:
+        raise AmpError(f"tolerance for {name!r}: {e}") from None
 
 
 def _kind(type_proto: onnx.TypeProto) -> str:

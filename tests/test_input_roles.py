@@ -37,12 +37,14 @@ def test_generated_samples_hold_those_values_and_the_command_says_so(tmp_path):
     proc = _cli(path, "--level", "O2", "-o", str(tmp_path / "o.onnx"), "--report", str(report))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [line] = [x for x in proc.stdout.splitlines() if x.startswith("inputs: ")]
-    assert "attention_mask int64[1x1] ones" in line and "input_ids int64[1x1] [0, 512)" in line
+    assert "attention_mask int64[1x128] ones" in line and "input_ids int64[1x64] [0, 512)" in line
     generated = {g["name"]: g for g in json.loads(report.read_text())["inputs"]["generated"]}
-    assert generated["attention_mask"]["values"] == "ones" and generated["position_ids"]["values"] == "0, 1, 2, ..."
+    assert generated["attention_mask"]["values"] == "ones" and generated["position_ids"]["values"] == "64, 65, 66, ..."
     source = make_source(onnx.load(path), shapes=["input_ids=1x4", "attention_mask=1x16", "position_ids=1x4"])
     sample = next(iter(source))
-    assert (sample["attention_mask"] == 1).all() and sample["position_ids"].tolist() == [[0, 1, 2, 3]]
+    # (4 new tokens after 16 - 4 past ones: positions follow the past, the cache holds 12)
+    assert (sample["attention_mask"] == 1).all() and sample["position_ids"].tolist() == [[12, 13, 14, 15]]
+    assert sample["past_0"].shape == (2, 1, 4, 12, 16)
     assert sample["input_ids"].min() >= 0 and sample["input_ids"].max() < 512
     # a range the user gives wins over the role
     ranged = make_source(onnx.load(path), ranges=["attention_mask=0:2"], seed=3)
@@ -61,3 +63,12 @@ def test_input_roles_hold_when_the_inputs_are_renamed():
         node.input[:] = [renames.get(x, x) for x in node.input]
     roles = {k: r.kind for k, r in input_roles(model).items()}
     assert roles == {"m": "mask", "p": "positions", "t": "index"}  # (positions: it reaches RotaryEmbedding)
+
+
+def test_a_mask_is_followed_through_the_gather_that_picks_it():
+    """transformers' BERT export gathers the padding mask by position
+    (Flatten -> Gather -> Reshape -> And -> Where) before it is added to
+    the scores: it is still a mask, all ones."""
+    bert = onnx.load(str(Path(__file__).resolve().parents[1] / "models" / "zoo" / "bert.onnx"))
+    roles = {k: (r.kind, r.rows) for k, r in input_roles(bert).items()}
+    assert roles == {"input_ids": ("index", 1000), "attention_mask": ("mask", None), "token_type_ids": ("index", 2)}
