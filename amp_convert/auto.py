@@ -33,7 +33,7 @@ from .inputs import InputSource
 from .options import ConvertOptions
 from .pipeline import ConversionResult, convert
 from .plan import Plan, Precision, fp32_by_lists
-from .validate import ValidationConfig, ValidationResult, Validator
+from .validation import ValidationConfig, ValidationResult, Validator
 
 
 @dataclass

@@ -13,87 +13,56 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
-from functools import partial
-from itertools import chain
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
-from . import __version__
-from .emulate import EMULATE_MODES
-from .errors import AmpError, ConversionError, LoadFailure, ModelFailure, NeitherLoads, RefusedAsWritten, TwinFailure
-from .external import PROTOBUF_LIMIT
+from .errors import AmpError, ConversionError
 from .lists import LEVELS, ORT_QUANTIZED_OPS, PROFILES
-from .load import remember_inputs
-from .options import IO_TYPES, PROVIDERS, ConvertOptions
-
-if TYPE_CHECKING:
-    from .save import TextFiles
+from .options import EMULATE_MODES, ERROR_STATS, IO_TYPES, PROVIDERS, ConvertOptions
+from .version import __version__
 
 EXIT_OK, EXIT_TOLERANCE, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 _NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())  # (click 8.2 on; 8.1 prints the help itself)
 
-# Config-file keys: the long option names, with '-' or '_'.
-PARAMETER_NAMES = {
-    "json": "json_out",
-    "lists": "lists_profile",
-    "tolerance": "tolerances",
-}  # where the parameter is named otherwise
-MULTIPLE_KEYS = {"white_list", "black_list", "only_white_list", "only_black_list", "keep_fp32", "force_low"}
-MULTIPLE_KEYS |= {"inputs", "input_shape", "input_range", "calibration", "tolerance"}
-CONFIG_KEYS = {
-    "level",
-    "dtype",
-    "lists",
-    "white_list",
-    "black_list",
-    "only_white_list",
-    "only_black_list",
-    "keep_fp32",
-    "force_low",
-    "keep_batchnorm_fp32",
-    "fold_batchnorm",
-    "io_types",
-    "safety",
-    "initializer_range",
-    "clip_initializers",
-    "data_max",
-    "calibration",
-    "max_trials",
-    "auto_from",
-    "check",
-    "external_data",
-    "target_opset",
-    "target_provider",
-    "output",
-    "explain",
-    "plan_json",
-    "quiet",
-    "validate",
-    "write_on_fail",
-    "provider",
-    "emulate",
-    "inputs",
-    "input_shape",
-    "input_range",
-    "samples",
-    "seed",
-    "atol",
-    "rtol",
-    "min_cosine",
-    "min_top1",
-    "check_error_stat",
-    "error_quantile",
-    "tolerance",
-    "per_node",
-    "pin_choices",
-    "top",
-    "report",
-    "html",
-    "json",
-}
+NOT_CONFIG = ("config", "debug")  # options a config file cannot set
+
+
+def _parameters(command: click.Command) -> dict[str, click.Option]:
+    """A command's options by key: the first long name, ``-`` as ``_``
+    (``--tolerance`` -> tolerance). The keys are the config file's and the
+    library options' field names."""
+    found = {}
+    for param in command.params:
+        if isinstance(param, click.Option):
+            longs = [o for o in param.opts if o.startswith("--")]
+            found[longs[0][2:].replace("-", "_") if longs else param.name] = param
+    return found
+
+
+def _flag(key: str, params: dict[str, click.Option]) -> str:
+    """How the command line spells the option of field ``key`` (as declared first: -o for output)."""
+    param = params.get(key)
+    return key if param is None else param.opts[0]
+
+
+def _spelled_as_flags(message: str, command: click.Command | None) -> str:
+    """A library message with each backquoted field (`` `data_max` ``) as its
+    flag (--data-max); `` `validate` false `` as the flag's off switch."""
+    import re
+
+    params = _parameters(command) if command is not None else {}
+
+    def flag(match: re.Match) -> str:
+        key, false = match.group(1), match.group(2)
+        param = params.get(key)
+        if false and param is not None and param.secondary_opts:
+            return param.secondary_opts[0]
+        return _flag(key, params) + (false or "")
+
+    return re.sub(r"`([a-z_0-9]+)`( false)?", flag, message)
 
 
 class DefaultCommandGroup(click.Group):
@@ -132,6 +101,8 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
         if not path.is_file():
             raise click.BadParameter(f"{value}: no such file", param_hint="--config")
         data = tomllib.loads(path.read_text(encoding="utf-8"))
+        from .load import remember_inputs
+
         remember_inputs([path])  # (no output may replace it)
     except OSError as e:
         raise click.BadParameter(f"{value}: cannot be read ({e.strerror or e})", param_hint="--config") from None
@@ -151,14 +122,15 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
         data = data[table]
     if not isinstance(data, dict):
         raise click.BadParameter(f"{value}: [amp-convert] must be a table of options", param_hint="--config")
+    by_key = {k: p for k, p in _parameters(ctx.command).items() if k not in NOT_CONFIG}
     params = {p.name: p for p in ctx.command.params}
     defaults: dict[str, Any] = {}
     for key, v in data.items():
         norm = key.replace("-", "_")
-        if norm not in CONFIG_KEYS:
+        if norm not in by_key:
             raise click.BadParameter(f"{value}: unknown option {key!r}", param_hint="--config")
-        name = PARAMETER_NAMES.get(norm, norm)
-        if norm in MULTIPLE_KEYS:
+        name = by_key[norm].name
+        if by_key[norm].multiple:
             v = [v] if isinstance(v, str) else v
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
                 raise click.BadParameter(f"{value}: {key} must be a string or a list of strings", param_hint="--config")
@@ -310,7 +282,6 @@ class _Finite(click.ParamType):
 
 
 _TOLERANCE = _Finite("tolerance", 0.0)
-ERROR_STAT_CHOICES = ("max", "mean", "median", "quantile")  # (metrics.ERROR_STATS; cli imports metrics lazily)
 
 
 class _Quantile(_Finite):
@@ -390,7 +361,7 @@ def validation_options(f):
         ),
         click.option(
             "--check-error-stat",
-            type=click.Choice(ERROR_STAT_CHOICES),
+            type=click.Choice(ERROR_STATS),
             default=None,
             help="The statistic of each output's absolute errors held to atol + rtol * max|fp32| (default max: every "
             "value). Example: --check-error-stat median",
@@ -589,174 +560,89 @@ def validation_options(f):
 )
 def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     """Convert MODEL to mixed precision, validate it, report, save."""
-    from .check import check_file
-    from .external import payload
-    from .load import check_input_model, read_model
-    from .pipeline import convert
-    from .report import build_report, clipping_summary
-    from .save import TextFiles, save_model
+    from .options import AutoOptions, OutputOptions
+    from .workflow import convert_file
 
     auto = kw["level"] == "auto"
-    options = _conversion_options(kw)
-    output = output or _default_output(model, options.dtype)
-    if auto and not kw["validate"]:
-        raise AmpError("--level auto measures accuracy: it cannot run with --no-validate")
     if not auto:  # (a config file may hold them for the runs that are auto: only flags are refused)
         given = click.get_current_context().get_parameter_source
         for name in ("max_trials", "auto_from"):
             if given(name) is click.core.ParameterSource.COMMANDLINE:
-                raise AmpError(
-                    f"--{name.replace('_', '-')} applies to --level auto only (the level is {options.effective_level})"
-                )
-    start = options.auto_start(kw["auto_from"]) if auto else None
-    loaded = read_model(model, lazy_external=True)
-    remember_inputs([*kw["inputs"], *kw["calibration"]])
-    with loaded.checked():
-        reference = loaded.model
-        # Every output is checked before anything is converted or written.
-        targets = {"-o": output, "-o's data file": output.with_name(f"{output.name}.data")}
-        reports = (("--plan-json", "plan_json"), ("--report", "report"), ("--html", "html"))
-        _check_outputs([model], {**targets, **{flag: kw[key] for flag, key in reports}}, unchecked=("-o's data file",))
-        folder = model.parent
-        input_files = loaded.external_files
-        input_external = bool(input_files)
-        node_count = len(reference.graph.node)
-        size_before = _files_size(model, input_files)
-        calibrating = auto or options.safety_on  # (the calibrated rule is on: its samples are read)
-        _check_unused(reference, kw, validating=kw["validate"], calibrating=calibrating and bool(kw["calibration"]))
-        source = _input_source(reference, kw) if kw["validate"] else None
-        calibration_source, samples = (
-            _calibration_samples(reference, kw) if calibrating and kw["calibration"] else (source, source)
+                level = kw["level"] or ("O1" if kw["only_white_list"] else "O2")
+                raise AmpError(f"--{name.replace('_', '-')} applies to --level auto only (the level is {level})")
+    outputs = OutputOptions(output, kw["external_data"], kw["write_on_fail"], kw["plan_json"], kw["report"], kw["html"])
+    with _stage_line(kw) as on_stage:
+        run = convert_file(
+            model,
+            _conversion_options(kw),
+            validation=_validation_options(kw),
+            validate=kw["validate"],
+            auto=AutoOptions(kw["max_trials"], kw["auto_from"]) if auto else None,
+            outputs=outputs,
+            check=kw["check"],
+            hooks=_hooks(kw, on_stage),
         )
-        input_loads = partial(_input_loads, reference, kw, folder, source)  # (asked where a failure may be the input's)
-        if source is not None and options.target_opset is not None:
-            _check_target_runs(reference, options.target_opset, input_loads)
-        calibration = _calibration(reference, samples, calibration_source, kw, folder) if calibrating else None
-        searched = None
-        if auto:
-            with _run_failures(source, check=kw["check"]):
-                searched = _auto(reference, options, start, source, calibration, kw, folder)
-            result, validation = searched.conversion, searched.validation
-        else:
-            # Without validation the fp32 model is not needed afterwards: convert it in place.
-            with _stage_line(kw) as on_stage:
-                result = convert(
-                    reference,
-                    options,
-                    check=kw["check"],
-                    calibration=calibration,
-                    in_place=source is None,
-                    external_dir=folder,
-                    on_stage=on_stage,
-                )
-            with _run_failures(source, check=kw["check"]):
-                validation = (
-                    _validate(reference, result.model, source, kw, result.plan, folder, calibration, options.dtype)
-                    if source is not None
-                    else None
-                )
-            if calibration is not None:
-                calibration.session = None  # (its memory goes before the model is written)
-    if kw["calibration"] and not calibrating:
-        rules = "--no-safety" if options.safety is False else f"at {options.effective_level}; --safety turns them on"
-        result.plan.notes.append(f"--calibration not read: the safety rules, which use it, are off ({rules})")
-    if kw["explain"] and not kw["json_out"]:
-        click.echo(result.plan.format_table())
-    passed = validation is None or validation.passed
-    exit_code = EXIT_OK if passed else EXIT_TOLERANCE
-    write = passed or kw["write_on_fail"]
-    # The conversion makes no tensor external: a model read without any is
-    # serialized once, here, and those bytes are written if it is one file.
-    one_file = write and not input_external and kw["external_data"] != "always"
-    measured = payload(result.model, may_be_external=not one_file)
-    size_after = measured.total
-    timings = dict(result.timings)
-    if validation is not None:
-        timings["validate"] = validation.seconds
-    if searched is not None:
-        timings = {"auto_search": searched.seconds}
-    report_of = partial(
-        build_report,
-        command="convert",
-        model_path=model,
-        model_nodes=node_count,
-        output_path=output,
-        written=write,
-        options={**options.as_dict(), "level": kw["level"] or options.effective_level},
-        conversion=result,
-        validation=validation,
-        inputs=None if source is None else source.describe(),
-        timings=timings,
-        size_before=size_before,
-        exit_code=exit_code,
-        auto=None if searched is None else searched.as_dict(),
-    )
-    made: list[dict] = []
-    with TextFiles() as side_files:
-
-        def write_reports(size: int) -> None:
-            """The report, made once the written size is known, and every file asked for beside the model, written
-            (in place only once the model is: a failure writing any of them writes nothing)."""
-            made.append(report_of(size_after=size))
-            if kw["plan_json"]:
-                side_files.write(kw["plan_json"], result.plan.to_json())
-            _write_reports(side_files, made[0], kw)
-
-        if write:
-            mode = kw["external_data"]
-            external = mode == "always" or (mode == "auto" and (input_external or size_after > PROTOBUF_LIMIT))
-            deferred = result.check_deferred
-            # Written as the bytes measured, the file's size is known; else it is read off the written files.
-            exact = not external and measured.serialized is not None
-            written: list[int] = [size_after] if exact else []
-
-            def verify(path: Path) -> None:
-                if deferred:  # too large to check in memory: check the written file before it replaces anything
-                    try:
-                        check_file(path, kw["check"])
-                    except ConversionError:
-                        if kw["check"] == "full":  # (blame the input when it fails the full check already: exit 2)
-                            check_input_model(str(model), str(model), full_check=True)
-                        raise
-                if not exact:
-                    data = path.with_name(f"{output.name}.data")
-                    written.append(path.stat().st_size + (data.stat().st_size if external and data.is_file() else 0))
-
-            save_model(
-                result.model,
-                output,
-                external=external,
-                source_dir=folder,
-                before_commit=verify,
-                measured=measured,
-                meanwhile=lambda: write_reports(written[0]),  # (while the model is flushed to disk)
-            )
-        else:
-            write_reports(size_after)
-        side_files.place()
-    report = made[0]
-    _echo_reports(report, kw)
-    if not kw["quiet"] and not kw["json_out"]:
-        clipping = clipping_summary(report)
-        if clipping:
-            click.echo(clipping)
-        for hint in result.plan.hints:
-            click.echo(f"hint: {hint}")
-        covered = report["plan"]["coverage"]
-        if covered["warning"]:
-            click.echo(covered["warning"], err=True)
-        c = report["plan"]["counts"]
-        level = f"auto ({searched.tried}, {searched.low_compute:.1%} of compute low)" if searched else result.plan.level
-        share = "" if searched else f" ({covered['summary']})"
+    talk = not kw["quiet"] and not kw["json_out"]
+    if run.auto is not None and not run.passed and talk:
         click.echo(
-            f"{model} -> {output if write else '(not written: out of tolerance; --write-on-fail writes it)'}: "
-            f"{level} {options.dtype}, "
-            f"{c['low']} low / {c['fp32']} fp32 / {c['unchanged']} unchanged nodes{share}, "
-            f"casts {result.casts_before} -> {result.casts_after}, "
-            f"{_mb(size_before)} -> {_mb(size_after)}, {sum(timings.values()):.2f} s"
+            f"auto: no low-precision assignment met the tolerance in {run.auto.tried}; "
+            f"the closest, trial {run.auto.chosen}, fails as shown (--write-on-fail writes it)"
         )
-    if exit_code:
-        raise click.exceptions.Exit(exit_code)
+    if kw["explain"] and not kw["json_out"]:
+        click.echo(run.conversion.plan.format_table())
+    _echo_reports(run.report, kw)
+    if talk:
+        _echo_summary(run, model)
+    if not run.passed:
+        raise click.exceptions.Exit(EXIT_TOLERANCE)
+
+
+def _echo_summary(run, model: Path) -> None:
+    """What the conversion did, after the report: clipping, hints, the coverage warning, one summary line."""
+    from .report import clipping_summary
+
+    report, result = run.report.data, run.conversion
+    clipping = clipping_summary(report)
+    if clipping:
+        click.echo(clipping)
+    for hint in result.plan.hints:
+        click.echo(f"hint: {hint}")
+    covered = report["plan"]["coverage"]
+    if covered["warning"]:
+        click.echo(covered["warning"], err=True)
+    c, size = report["plan"]["counts"], report["size"]
+    searched = run.auto
+    level = f"auto ({searched.tried}, {searched.low_compute:.1%} of compute low)" if searched else result.plan.level
+    share = "" if searched else f" ({covered['summary']})"
+    written = run.output if run.written else "(not written: out of tolerance; --write-on-fail writes it)"
+    click.echo(
+        f"{model} -> {written}: {level} {result.plan.dtype}, "
+        f"{c['low']} low / {c['fp32']} fp32 / {c['unchanged']} unchanged nodes{share}, "
+        f"casts {result.casts_before} -> {result.casts_after}, "
+        f"{_mb(size['before_bytes'])} -> {_mb(size['after_bytes'])}, {sum(report['timing_s'].values()):.2f} s"
+    )
+
+
+def _hooks(kw: dict, on_stage: Callable[[str], None] | None = None):
+    """What the terminal shows as a run goes: the generated-inputs line, the
+    stage line, auto's trials and the validation progress bar (none of it
+    under --quiet or --json; the line and the bar only on a terminal)."""
+    from .workflow import Hooks
+
+    if kw["quiet"] or kw["json_out"]:
+        return Hooks()
+
+    def trial(t) -> None:
+        verdict = "pass" if t.passed else "fail"
+        click.echo(f"trial {t.number}: {t.step}: {verdict}, {t.low_compute:.1%} of compute low", err=True)
+
+    @contextlib.contextmanager
+    def validating(count: int | None) -> Iterator[Callable[[int], None]]:
+        click.echo("\r\033[K", err=True, nl=False)  # (the stage line goes)
+        with click.progressbar(length=count or 1, label="validating", file=sys.stderr) as bar:
+            yield bar.update
+
+    return Hooks(inputs=click.echo, stage=on_stage, trial=trial, validating=validating if sys.stderr.isatty() else None)
 
 
 @contextlib.contextmanager
@@ -797,7 +683,18 @@ def _conversion_options(kw: dict) -> ConvertOptions:
         data_max=kw["data_max"],
         target_opset=kw["target_opset"],
         target_provider=kw["target_provider"].lower(),
-    ).validated()
+    )
+
+
+def _validation_options(kw: dict):
+    """The validation options group as the library's ValidationOptions (fields named as the options)."""
+    from dataclasses import fields
+
+    from .options import ValidationOptions
+
+    params = _parameters(click.get_current_context().command)
+    given = {f.name: kw[params[f.name].name] for f in fields(ValidationOptions) if f.name in params}
+    return ValidationOptions(**given)
 
 
 def _only_list(values: tuple[str, ...]) -> tuple[str, ...] | None:
@@ -806,285 +703,27 @@ def _only_list(values: tuple[str, ...]) -> tuple[str, ...] | None:
     return _split_ops(values) if values else None
 
 
-@contextlib.contextmanager
-def _run_failures(source, names: tuple[str, str] | None = None, check: str = "full") -> Iterator[None]:
-    """A model onnxruntime could not load, or run on the samples of
-    ``source``, named, with what to try where the samples may be to blame
-    (exit 2; compare names both files where neither loads). ``names``:
-    what to call the reference and the candidate (compare's files); None in
-    convert, whose candidate is the converted model (as validation runs it:
-    exposed, or its emulation twin): its failure where the input model
-    loaded and ran is the conversion's (exit 3).
-    An emulation twin onnxruntime cannot load, where it loads the model
-    itself, is amp-convert's failure (exit 3), whichever model it emulates.
-    So is a converted model onnxruntime refuses as written (``check``: the
-    checker's mode it passed, which the message says)."""
-    try:
-        yield
-    except ModelFailure as e:
-        if e.role is None:
-            raise
-        reference, candidate = names or ("the input model", "the converted model")
-        if isinstance(e, TwinFailure):
-            emulated = reference if e.role == "reference" else candidate
-            raise ConversionError(
-                f"onnxruntime cannot load the emulation twin of {emulated} (the float32 copy amp-convert builds to "
-                f"round as its fp16/bf16 tensors do), though it loads {emulated} as written; --emulate never "
-                f"validates without it: {e.detail}"
-            ) from None
-        if isinstance(e, NeitherLoads) and names is not None:
-            both = e.detail if e.other == e.detail else f"{reference}: {e.detail}; {candidate}: {e.other}"
-            raise AmpError(f"neither {reference} nor {candidate} can be loaded by onnxruntime: {both}") from None
-        if isinstance(e, RefusedAsWritten) and names is None and e.role == "candidate":
-            raise ConversionError(_refused_converted(e, check)) from None
-        loading = isinstance(e, LoadFailure)
-        failed = "cannot be loaded by onnxruntime" if loading else "fails to run"
-        if e.role == "reference":
-            raise AmpError(f"{reference} {failed}{'' if loading else source.failure_hint()}: {e.detail}") from None
-        if names is None:
-            raise ConversionError(f"{candidate} {failed} where the input model runs: {e.detail}") from None
-        raise AmpError(f"{candidate} {failed} where {reference} runs: {e.detail}") from None
-
-
-def _refused_converted(refused: RefusedAsWritten, check: str) -> str:
-    """The line for a converted model onnxruntime refuses as written (the
-    pipeline's checker passed it in mode ``check``)."""
-    import onnxruntime
-
-    prefix = f"onnxruntime {onnxruntime.__version__} cannot load the converted model on {refused.provider}"
-    if check == "none":
-        return (
-            f"{prefix} ({refused.detail}); onnx's checker has not run on it (--check none): --check full tells "
-            "whether the conversion made it invalid"
-        )
-    return f"{prefix}, which is valid ONNX: {refused.detail}; try another level, or keep the nodes it involves fp32 (--keep-fp32)"
-
-
-def _calibration_samples(reference, kw: dict) -> tuple[Any, Iterator[dict]]:
-    """--calibration's source and its samples, the first one read (and
-    checked against the model) now: files that hold none are refused before
-    any onnxruntime session is built or anything converted (else the
-    calibrated rule would be off without a word)."""
-    from .inputs import make_source
-
-    given = make_source(
-        reference, kw["calibration"], kw["input_shape"], kw["input_range"], kw["samples"], kw["seed"], flag="--calibration"
-    )
-    samples = iter(given)
-    first = next(samples)  # (files holding no sample are refused here: see InputSource)
-    return given, chain([first], samples)
-
-
-def _calibration(reference, samples, source, kw: dict, folder: Path):
-    """fp32 value ranges for the calibrated safety rule (one streaming pass
-    over ``samples``, from ``source``: --calibration's, else the validation inputs)."""
-    if samples is None:
-        return None
-    from .calibrate import calibrate
-
-    with _run_failures(source):
-        return calibrate(reference, samples, kw["provider"], base_dir=folder, emulate=kw["emulate"])
-
-
-def _check_unused(reference, kw: dict, validating: bool, calibrating: bool) -> None:
-    """Sample options this run does not read (``calibrating``: whether it reads --calibration)
-    are vetted all the same: a missing file, an unknown input name exit 2, as where they are read."""
-    options = (("--inputs", kw["inputs"], validating), ("--calibration", kw["calibration"], calibrating))
-    unread = [(flag, given) for flag, given, read in options if given and not read]
-    names = not (validating or calibrating) and (kw["input_shape"] or kw["input_range"])
-    if not (unread or names):  # (nothing to vet: the inputs module stays unloaded)
-        return
-    from .inputs import check_unused
-
-    for flag, given in unread:
-        check_unused(reference, given, flag)
-    if names:
-        check_unused(reference, shapes=kw["input_shape"], ranges=kw["input_range"])
-
-
-def _auto(reference, options: ConvertOptions, start: str, source, calibration, kw: dict, folder: Path):
-    from .auto import auto_convert
-    from .validate import ValidationConfig
-
-    def show(trial) -> None:
-        if not kw["quiet"] and not kw["json_out"]:
-            verdict = "pass" if trial.passed else "fail"
-            click.echo(f"trial {trial.number}: {trial.step}: {verdict}, {trial.low_compute:.1%} of compute low", err=True)
-
-    tolerance = _tolerance(kw, reference_low=options.dtype)
-    config = ValidationConfig(
-        kw["provider"],
-        kw["emulate"],
-        True,
-        kw["top"],
-        tolerance,
-        kw["pin_choices"],
-        options.dtype,
-        target_provider=options.target_provider,
-        tolerances=_per_output_tolerances(kw),
-    )
-    searched = auto_convert(reference, options, source, config, calibration, kw["max_trials"], start, kw["check"], show, folder)
-    if not searched.validation.passed and not kw["quiet"] and not kw["json_out"]:
-        click.echo(
-            f"auto: no low-precision assignment met the tolerance in {searched.tried}; "
-            f"the closest, trial {searched.chosen}, fails as shown (--write-on-fail writes it)"
-        )
-    return searched
-
-
 @cli.command("compare")
 @click.argument("reference", type=click.Path(dir_okay=True, path_type=Path))
 @click.argument("candidate", type=click.Path(dir_okay=True, path_type=Path))
 @validation_options
 def compare_command(reference: Path, candidate: Path, **kw: Any) -> None:
     """Compare CANDIDATE (e.g. converted by another tool) with REFERENCE."""
-    from .load import read_model
-    from .report import build_report
-    from .save import TextFiles
+    from .options import OutputOptions
+    from .workflow import compare_files
 
-    ref_loaded, cand_loaded = read_model(reference), read_model(candidate)  # (external data read into memory: the two
-    ref_model, cand_model = ref_loaded.model, cand_loaded.model  # may live in different folders)
-    remember_inputs(kw["inputs"])
-    _check_outputs([reference, candidate], {"--report": kw["report"], "--html": kw["html"]})
-    source = _input_source(ref_model, kw)
-    with _run_failures(source, (str(reference), str(candidate))):
-        validation = _validate(ref_model, cand_model, source, kw, None)
-    exit_code = EXIT_OK if validation.passed else EXIT_TOLERANCE
-    report = build_report(
-        command="compare",
-        model_path=reference,
-        model_nodes=len(ref_model.graph.node),
-        output_path=candidate,
-        written=False,
-        options=None,
-        validation=validation,
-        inputs=source.describe(),
-        timings={"validate": validation.seconds},
-        size_before=_files_size(reference, ref_loaded.external_files),
-        size_after=_files_size(candidate, cand_loaded.external_files),
-        exit_code=exit_code,
-    )
-    with TextFiles() as files:
-        _write_reports(files, report, kw)
-        files.place()
-    _echo_reports(report, kw)
-    if exit_code:
-        raise click.exceptions.Exit(exit_code)
+    outputs = OutputOptions(report=kw["report"], html=kw["html"])
+    run = compare_files(reference, candidate, _validation_options(kw), outputs=outputs, hooks=_hooks(kw))
+    _echo_reports(run.report, kw)
+    if not run.passed:
+        raise click.exceptions.Exit(EXIT_TOLERANCE)
 
 
-def _input_source(reference, kw: dict):
-    """The validation inputs; where the user gave no input option, the line
-    saying what is generated is printed."""
-    from .inputs import make_source
-
-    source = make_source(reference, kw["inputs"], kw["input_shape"], kw["input_range"], kw["samples"], kw["seed"])
-    if not (kw["inputs"] or kw["input_shape"] or kw["input_range"] or kw["quiet"] or kw["json_out"]):
-        click.echo(source.summary())
-    return source
-
-
-def _validate(reference, candidate, source, kw: dict, plan, folder: Path | None = None, calibration=None, dtype=None):
-    """``dtype``: the conversion's low dtype (None for compare: the candidate's, as detected)."""
-    from .emulate import detect_low_dtype
-    from .validate import ValidationConfig, validate
-
-    dtype = dtype or ("bf16" if detect_low_dtype(candidate) == 16 else "fp16")
-    tolerance = _tolerance(kw, reference_low=dtype)
-    aimed_at = kw.get("target_provider", "cuda").lower()  # (compare: a candidate of another tool, aimed at CUDA)
-    config = ValidationConfig(
-        kw["provider"],
-        kw["emulate"],
-        kw["per_node"],
-        kw["top"],
-        tolerance,
-        kw["pin_choices"],
-        dtype,
-        target_provider=aimed_at,
-        tolerances=_per_output_tolerances(kw),
-    )
-    show = not kw["quiet"] and not kw["json_out"] and sys.stderr.isatty()
-    if not show:
-        return validate(reference, candidate, source, config, plan, base_dir=folder, calibration=calibration)
-    with click.progressbar(length=source.count() or 1, label="validating", file=sys.stderr) as bar:
-        return validate(reference, candidate, source, config, plan, progress=bar.update, base_dir=folder, calibration=calibration)
-
-
-def _check_target_runs(model, target: int, input_loads: Callable[[], None]) -> None:
-    """Validation runs the model at the opset --target-opset asks for: one
-    onnxruntime cannot load is refused before anything is converted (else
-    its refusal would read as a conversion's failure), unless the input
-    does not load either (``input_loads`` raises): an IR version newer than
-    onnxruntime reads is the input's, which no opset would change."""
-    import onnxruntime
-
-    from .opset import min_ir_for_opset
-    from .runner import version_refusal
-
-    ir_version = max(model.ir_version, min_ir_for_opset(target))
-    refusal = version_refusal(target, ir_version)
-    if refusal is not None:
-        input_loads()
-        raise AmpError(
-            f"--target-opset {target}: onnxruntime {onnxruntime.__version__} loads no model at opset {target} "
-            f"(IR version {ir_version}): {refusal}; give a lower --target-opset, or --no-validate to write it unvalidated"
-        )
-
-
-def _input_loads(reference, kw: dict, folder: Path, source) -> None:
-    """Load the input as validation runs it: where onnxruntime cannot, an
-    AmpError naming the input (through :func:`_run_failures`)."""
-    from .emulate import detect_low_dtype
-    from .runner import choose_provider, runnable
-
-    provider, _ = choose_provider(kw["provider"])
-    with _run_failures(source):
-        runnable(reference, detect_low_dtype(reference), provider, kw["emulate"], (), folder, "reference")
-
-
-def _tolerance(kw: dict, reference_low: str):
-    """User tolerances over the dtype's defaults (None: all defaults).
-    --error-quantile without --check-error-stat quantile is refused."""
-    from .metrics import DEFAULT_TOLERANCES, Tolerance
-
-    stat = kw["check_error_stat"] or "max"
-    if kw["error_quantile"] is not None and stat != "quantile":
-        raise AmpError(f"--error-quantile applies to --check-error-stat quantile only (the statistic is {stat})")
-    if all(kw[k] is None for k in ("atol", "rtol", "min_cosine", "min_top1", "check_error_stat")):
-        return None
-    base = DEFAULT_TOLERANCES[reference_low]
-    return Tolerance(
-        atol=base.atol if kw["atol"] is None else kw["atol"],
-        rtol=base.rtol if kw["rtol"] is None else kw["rtol"],
-        min_cosine=base.min_cosine if kw["min_cosine"] is None else kw["min_cosine"],
-        min_equal=base.min_equal,
-        min_top1=kw["min_top1"],
-        error_stat=stat,
-        quantile=kw["error_quantile"],
-    )
-
-
-def _per_output_tolerances(kw: dict) -> dict[str, dict[str, float]]:
-    from .metrics import parse_tolerances
-
-    return parse_tolerances(kw["tolerances"])
-
-
-def _write_reports(files: TextFiles, report: dict, kw: dict) -> None:
-    from .report import html_report, report_json
-
-    if kw["report"]:
-        files.write(kw["report"], report_json(report))
-    if kw["html"]:
-        files.write(kw["html"], html_report(report))
-
-
-def _echo_reports(report: dict, kw: dict) -> None:
-    from .report import report_json, terminal_table
-
+def _echo_reports(report, kw: dict) -> None:
     if kw["json_out"]:
-        click.echo(report_json(report))
-    elif not kw["quiet"] and report["validation"] is not None:
-        click.echo(terminal_table(report))
+        click.echo(report.to_json())
+    elif not kw["quiet"] and report.data["validation"] is not None:
+        click.echo(report.to_text())
 
 
 @cli.command("lists")
@@ -1133,46 +772,6 @@ def lists_command(profile: str, level: str, dtype: str) -> None:
     click.echo(f"\nunlisted ops: {unlisted} at {level}")
 
 
-def _files_size(model: Path, data_files: Iterable[str]) -> int:
-    """Bytes of a model file and of the external data files (named relative to its folder) it was read with."""
-    return model.stat().st_size + sum((model.parent / f).stat().st_size for f in data_files if (model.parent / f).is_file())
-
-
-def _default_output(model: Path, dtype: str) -> Path:
-    stem = model.name[: -len(".onnx")] if model.name.endswith(".onnx") else model.name
-    return model.with_name(f"{stem}.{dtype}.onnx")
-
-
-def _check_outputs(models: list[Path], targets: dict[str, Path | None], unchecked: Iterable[str] = ()) -> None:
-    """Refuse, before anything is written, an output given (by flag) that is
-    one of ``models`` or cannot be written as a file (``unchecked``: flags
-    whose path is not looked at, only compared), or two outputs of one file."""
-    seen: dict[Path, str] = {}
-    for flag, target in targets.items():
-        if target is None:
-            continue
-        if flag not in unchecked:
-            for model in models:
-                _check_output_path(model, target, flag)
-        key = target.resolve()
-        if key in seen:
-            raise AmpError(f"{target}: given as both {seen[key]} and {flag}; each output needs its own file")
-        seen[key] = flag
-
-
-def _check_output_path(model: Path, output: Path, flag: str) -> None:
-    """Refuse the path given to ``flag`` (named in the message) when it is the
-    input model or cannot be written as a file."""
-    from .save import check_output_path
-
-    if output.exists() and model.exists() and output.resolve() == model.resolve():
-        raise AmpError(f"{flag} {output}: output is the input file; choose another {flag} (the input is never overwritten)")
-    try:
-        check_output_path(output)
-    except AmpError as e:
-        raise AmpError(f"{flag} {e}") from None
-
-
 def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB"
 
@@ -1198,9 +797,9 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as e:
         return _fail(e.format_message(), EXIT_USAGE, debug)
     except AmpError as e:
-        return _fail(str(e), EXIT_USAGE, debug)
+        return _fail(_spelled_as_flags(str(e), _invoked(args)), EXIT_USAGE, debug)
     except ConversionError as e:
-        return _fail(str(e), EXIT_INTERNAL, debug)
+        return _fail(_spelled_as_flags(str(e), _invoked(args)), EXIT_INTERNAL, debug)
     except KeyboardInterrupt:
         click.echo("amp-convert: interrupted", err=True)
         return 130
@@ -1210,6 +809,11 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(f"{name}: {e.strerror or e}; nothing was written", EXIT_USAGE, debug)
         # a bug: still one line unless --debug
         return _fail(f"internal error: {type(e).__name__}: {e} (run with --debug for a traceback)", EXIT_INTERNAL, debug)
+
+
+def _invoked(args: list[str]) -> click.Command | None:
+    """The subcommand ``args`` run (the default one unless named)."""
+    return cli.commands.get(args[0] if args and args[0] in cli.commands else DefaultCommandGroup.default_command)
 
 
 def _fail(message: str, code: int, debug: bool) -> int:

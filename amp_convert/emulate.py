@@ -43,7 +43,6 @@ from .schema import is_default_domain, model_opsets, opset_domain, signature
 from .typeinfo import element_type, infer_types
 
 LOW_TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
-EMULATE_MODES = ("auto", "always", "never")
 
 
 def detect_low_dtype(model: onnx.ModelProto) -> int | None:

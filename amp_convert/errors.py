@@ -4,16 +4,45 @@ from __future__ import annotations
 
 
 class AmpError(ValueError):
-    """A problem with the user's input or options.
+    """A problem with the user's input or options (the kinds below say which).
 
     The CLI prints it as one line and exits with code 2; nothing is written.
     It is a ValueError, as the seed API's errors for bad levels and dtypes are.
+    An option named in a message is written as its field, in backquotes
+    (`` `data_max` ``); ``field`` is the first one named, or None. The CLI
+    writes the flag in its place.
     """
+
+    kind = "input"
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class UsageError(AmpError):
+    """An option's value is bad, or two options contradict each other."""
+
+    kind = "usage"
+
+
+class InputError(AmpError):
+    """The input model, or a file given with it (samples, config), is bad or cannot be read."""
+
+    kind = "input"
 
 
 class ConversionError(Exception):
     """The converter produced something it cannot stand behind (a bug or an
     unsupported construct): reported as one line with exit code 3."""
+
+    kind = "conversion"
+
+
+class InternalError(ConversionError):
+    """amp-convert failed in a way no input should cause (a bug): exit code 3."""
+
+    kind = "internal"
 
 
 class ModelFailure(AmpError):

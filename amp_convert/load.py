@@ -22,10 +22,11 @@ import onnx
 import onnx.defs
 import onnx.shape_inference
 
-from .errors import AmpError
+from .domains import declare_domains
+from .errors import InputError
 from .external import all_tensors, attribute_tensors, element_count, external_info, inline_external
 from .graph import Call, NodeLabels, Subgraph, local_functions, reached_calls
-from .ortschema import check_with_extras, declare_domains
+from .ortschema import check_with_extras
 from .schema import model_opsets
 
 MIN_IR_VERSION = 3
@@ -36,7 +37,7 @@ _REEXPORT = "re-export or repair the model"
 
 # Identity of every file a model was read from in this process (the model
 # files and their external data): device, inode, and size and mtime, so that
-# a new file reusing a freed inode is not mistaken for an input. save.py
+# a new file reusing a freed inode is not mistaken for an input. saving.py
 # refuses to write over them: no output path (-o, --plan-json, reports),
 # however spelled (symlink, hard link, ``a/../b``), destroys an input.
 _INPUT_FILES: set[tuple[int, int, int, int]] = set()
@@ -130,21 +131,21 @@ def _read(p: Path) -> bytes:
     try:
         st = p.stat()
     except FileNotFoundError:
-        raise AmpError(f"{p}: no such file") from None
+        raise InputError(f"{p}: no such file") from None
     except NotADirectoryError:
-        raise AmpError(f"{p}: no such file (a parent of it is not a folder)") from None
+        raise InputError(f"{p}: no such file (a parent of it is not a folder)") from None
     except (OSError, ValueError) as e:
-        raise AmpError(f"{p}: cannot read the model ({_detail(e)})") from None
+        raise InputError(f"{p}: cannot read the model ({_detail(e)})") from None
     if stat.S_ISDIR(st.st_mode):
-        raise AmpError(f"{p}: is a directory, not an .onnx file")
+        raise InputError(f"{p}: is a directory, not an .onnx file")
     if not stat.S_ISREG(st.st_mode):
-        raise AmpError(f"{p}: not a regular file (a device, pipe or socket); give the path of an .onnx file")
+        raise InputError(f"{p}: not a regular file (a device, pipe or socket); give the path of an .onnx file")
     if st.st_size == 0:
-        raise AmpError(f"{p}: empty file (an interrupted download or export?)")
+        raise InputError(f"{p}: empty file (an interrupted download or export?)")
     try:
         return p.read_bytes()
     except OSError as e:
-        raise AmpError(f"{p}: cannot read the model ({_detail(e)})") from None
+        raise InputError(f"{p}: cannot read the model ({_detail(e)})") from None
 
 
 def _parse(p: Path, data: bytes) -> onnx.ModelProto:
@@ -152,12 +153,12 @@ def _parse(p: Path, data: bytes) -> onnx.ModelProto:
     try:
         model.ParseFromString(data)
     except Exception as e:  # protobuf raises DecodeError, or RuntimeError/ValueError in some builds
-        raise AmpError(f"{p}: not a readable ONNX model ({_detail(e)}); {_what_is_it(data)}") from None
+        raise InputError(f"{p}: not a readable ONNX model ({_detail(e)}); {_what_is_it(data)}") from None
     if model.ir_version == 0 or not model.HasField("graph"):
         missing = "no IR version" if model.ir_version == 0 else "no graph"
-        raise AmpError(f"{p}: not an ONNX model (the bytes parse, but there is {missing}); {_what_is_it(data)}")
+        raise InputError(f"{p}: not an ONNX model (the bytes parse, but there is {missing}); {_what_is_it(data)}")
     if len(model.graph.output) == 0:
-        raise AmpError(f"{p}: the model's graph has no outputs: nothing to convert (a corrupt file?)")
+        raise InputError(f"{p}: the model's graph has no outputs: nothing to convert (a corrupt file?)")
     return model
 
 
@@ -194,17 +195,17 @@ def _what_is_it(data: bytes) -> str:
 
 def check_versions(model: onnx.ModelProto, label: str) -> None:
     if not MIN_IR_VERSION <= model.ir_version <= onnx.IR_VERSION:
-        raise AmpError(
+        raise InputError(
             f"{label}: IR version {model.ir_version} is not supported "
             f"(this converter reads {MIN_IR_VERSION} to {onnx.IR_VERSION})"
         )
     opset = model_opsets(model).get("")
     newest = onnx.defs.onnx_opset_version()
     if opset is None:
-        raise AmpError(f"{label}: the model imports no default-domain (ai.onnx) opset")
+        raise InputError(f"{label}: the model imports no default-domain (ai.onnx) opset")
     if not MIN_OPSET <= opset <= newest:
         hint = "upgrade it with onnx.version_converter" if opset < MIN_OPSET else "a newer onnx package may read it"
-        raise AmpError(f"{label}: opset {opset} is not supported (this converter handles {MIN_OPSET} to {newest}; {hint})")
+        raise InputError(f"{label}: opset {opset} is not supported (this converter handles {MIN_OPSET} to {newest}; {hint})")
 
 
 def check_calls(model: onnx.ModelProto, label: str) -> None:
@@ -223,7 +224,7 @@ def check_calls(model: onnx.ModelProto, label: str) -> None:
         node, function = call.node, call.function
         for kind, given, declared in (("inputs", node.input, function.input), ("outputs", node.output, function.output)):
             if len(given) > len(declared):
-                raise AmpError(
+                raise InputError(
                     f"{label}: node {_label(call.nodes, call.index)!r}{_place(call.within)} calls local function "
                     f"{_function_name(function)} with {len(given)} {kind}, but it declares {len(declared)} (onnxruntime "
                     f"refuses such a call; {_REEXPORT})"
@@ -268,8 +269,8 @@ def check_input_model(model: onnx.ModelProto | bytes | str, label: str, *, full_
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError, RuntimeError) as e:
         what = "fails ONNX shape inference" if isinstance(e, onnx.shape_inference.InferenceError) else "fails the ONNX checker"
         if isinstance(e, UnicodeDecodeError):  # the checker's message quotes a name that is not UTF-8
-            raise AmpError(f"{label}: the input model {what} on a name that is not UTF-8 (a corrupt file?)") from None
-        raise AmpError(f"{label}: the input model {what}: {_detail(e)} ({_REEXPORT})") from None
+            raise InputError(f"{label}: the input model {what} on a name that is not UTF-8 (a corrupt file?)") from None
+        raise InputError(f"{label}: the input model {what}: {_detail(e)} ({_REEXPORT})") from None
 
 
 def _check_known(model: onnx.ModelProto | bytes | str, full_check: bool) -> None:
@@ -281,7 +282,7 @@ def _check_known(model: onnx.ModelProto | bytes | str, full_check: bool) -> None
 
 def _with_declared_domains(model: onnx.ModelProto | bytes | str) -> onnx.ModelProto | None:
     """A copy of ``model`` with the opset imports onnxruntime assumes
-    (:func:`~amp_convert.ortschema.declare_domains`), or None where it lacks none."""
+    (:func:`~amp_convert.domains.declare_domains`), or None where it lacks none."""
     if isinstance(model, onnx.ModelProto):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
@@ -317,7 +318,7 @@ def _int_field(info: dict[str, str], key: str, label: Path, tensor: onnx.TensorP
     except ValueError:
         number = -1
     if number < 0:
-        raise AmpError(f"{label}: tensor {tensor.name!r} has an invalid external data {key} {_detail(value)}")
+        raise InputError(f"{label}: tensor {tensor.name!r} has an invalid external data {key} {_detail(value)}")
     return number
 
 
@@ -328,7 +329,7 @@ def _check_external_data(tensors: list[onnx.TensorProto], label: Path) -> None:
     try:
         base = label.parent.resolve()
     except (OSError, RuntimeError) as e:
-        raise AmpError(f"{label}: cannot resolve the model's folder ({_detail(e)})") from None
+        raise InputError(f"{label}: cannot resolve the model's folder ({_detail(e)})") from None
     sizes: dict[str, int] = {}  # location -> its file's size
     for tensor in tensors:
         info = {e.key: e.value for e in tensor.external_data}
@@ -340,13 +341,13 @@ def _check_external_data(tensors: list[onnx.TensorProto], label: Path) -> None:
         length = _int_field(info, "length", label, tensor)
         expected = _expected_bytes(tensor)
         if length is not None and expected is not None and length != expected:
-            raise AmpError(
+            raise InputError(
                 f"{label}: tensor {tensor.name!r} has external data length {length}, "
                 f"but its shape and type need {expected} bytes (a corrupt or mismatched model)"
             )
         needed = offset + (length if length is not None else expected or 0)
         if needed > size or offset > size:
-            raise AmpError(
+            raise InputError(
                 f"{label}: external data file {location!r} is too short for tensor {tensor.name!r} "
                 f"(needs {max(needed, offset)} bytes, has {size})"
             )
@@ -357,32 +358,32 @@ def _checked_location(base: Path, location: object, tensor: onnx.TensorProto, la
     in the folder ``base``), refused where it is not a relative path to a
     regular file inside the folder that the system opens as written."""
     if not location:
-        raise AmpError(f"{label}: tensor {tensor.name!r} has external data without a location")
+        raise InputError(f"{label}: tensor {tensor.name!r} has external data without a location")
     if not isinstance(location, str) or "\x00" in location:
-        raise AmpError(f"{label}: tensor {tensor.name!r} has an invalid external data location {_detail(location)}")
+        raise InputError(f"{label}: tensor {tensor.name!r} has an invalid external data location {_detail(location)}")
     try:
         absolute = Path(location).is_absolute() or bool(Path(location).drive)
         target = (base / location).resolve()
     except (OSError, RuntimeError, ValueError) as e:
-        raise AmpError(f"{label}: tensor {tensor.name!r}: bad external data location {location!r} ({_detail(e)})") from None
+        raise InputError(f"{label}: tensor {tensor.name!r}: bad external data location {location!r} ({_detail(e)})") from None
     if absolute:
-        raise AmpError(
+        raise InputError(
             f"{label}: tensor {tensor.name!r} has an absolute external data location ({_detail(location)}); refused: "
             "external data must be a relative path inside the model's folder"
         )
     if not target.is_relative_to(base):
         lexical = os.path.normpath(location).split(os.sep)[0] == os.pardir
         via = "" if lexical else " through a symbolic link"
-        raise AmpError(
+        raise InputError(
             f"{label}: tensor {tensor.name!r} points outside the model's folder{via} ({_detail(location)}); refused: "
             "external data must be a relative path inside the model's folder"
         )
     if not target.is_file():
         what = "is not a regular file" if target.exists() else "is missing"
-        raise AmpError(f"{label}: external data file {location!r} of tensor {tensor.name!r} {what}")
+        raise InputError(f"{label}: external data file {location!r} of tensor {tensor.name!r} {what}")
     why = _why_unopenable(base, location)
     if why is not None:
-        raise AmpError(
+        raise InputError(
             f"{label}: tensor {tensor.name!r} has external data location {location!r}, which cannot be opened "
             f"as written: {why} (a '..' needs the folder it steps out of; onnxruntime opens the path as written); refused"
         )
@@ -449,7 +450,7 @@ def _read_external(tensors: list[onnx.TensorProto], label: Path, name_tensor: bo
             inline_external(tensor, label.parent)
         except (OSError, ValueError, RuntimeError) as e:
             of = f" of tensor {tensor.name!r}" if name_tensor else ""
-            raise AmpError(f"{label}: cannot read the external data{of} ({_detail(e)})") from None
+            raise InputError(f"{label}: cannot read the external data{of} ({_detail(e)})") from None
     _check_read_lengths(tensors, label)
 
 
@@ -458,7 +459,7 @@ def _check_read_lengths(tensors: list[onnx.TensorProto], label: Path) -> None:
     for tensor in tensors:
         expected = _expected_bytes(tensor)
         if expected is not None and len(tensor.raw_data) != expected:
-            raise AmpError(
+            raise InputError(
                 f"{label}: the external data of tensor {tensor.name!r} has {len(tensor.raw_data)} bytes, "
                 f"its shape and type need {expected} ({_REEXPORT})"
             )

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import ml_dtypes
 import numpy as np
 
-from .errors import AmpError
+from .errors import AmpError, UsageError
+from .options import ERROR_STATS, ValidationOptions
 from .order_stats import LargestValues, Quantile
 
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
@@ -34,7 +35,6 @@ def is_float(dtype: np.dtype) -> bool:
 
 # The statistic of an output's elementwise absolute errors that is judged
 # against its limit (Polygraphy's --check-error-stat): "max" is every value.
-ERROR_STATS = ("max", "mean", "median", "quantile")
 DEFAULT_QUANTILE = 0.99
 
 
@@ -869,3 +869,35 @@ def _finite_or_none(x: float) -> float | None:
     the outputs are equal, max_abs_err 0; -inf where the reference is all
     zeros and the candidate is not)."""
     return x if math.isfinite(x) else None
+
+
+def output_tolerances(options: ValidationOptions) -> dict[str, dict[str, float]]:
+    """``options.tolerance`` as output name -> the fields it sets; raises
+    UsageError on a malformed entry."""
+    given = options.tolerance
+    if isinstance(given, Mapping):
+        texts = [f"{name}:" + ",".join(f"{k}={v}" for k, v in fields.items()) for name, fields in given.items()]
+    else:
+        texts = list(given)
+    try:
+        return parse_tolerances(texts)
+    except AmpError as e:
+        raise UsageError(f"`tolerance`: {e}", "tolerance") from None
+
+
+def run_tolerance(options: ValidationOptions, dtype: str) -> Tolerance | None:
+    """The run's tolerance: the fields ``options`` gives over ``dtype``'s
+    defaults (None when it gives none: every output takes the defaults)."""
+    o = options
+    if all(getattr(o, k) is None for k in ("atol", "rtol", "min_cosine", "min_top1", "check_error_stat")):
+        return None
+    base = DEFAULT_TOLERANCES[dtype]
+    return Tolerance(
+        atol=base.atol if o.atol is None else o.atol,
+        rtol=base.rtol if o.rtol is None else o.rtol,
+        min_cosine=base.min_cosine if o.min_cosine is None else o.min_cosine,
+        min_equal=base.min_equal,
+        min_top1=o.min_top1,
+        error_stat=o.check_error_stat or "max",
+        quantile=o.error_quantile,
+    )

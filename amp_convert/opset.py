@@ -16,6 +16,7 @@ from onnx import helper, numpy_helper
 from .errors import AmpError
 from .graph import NameGenerator, NodeLabels, nested_graphs, node_subgraphs
 from .ortschema import check_with_extras
+from .ortversions import min_ir_for_opset
 from .safety import attribute_constant
 from .schema import is_default_domain, model_opsets
 
@@ -221,14 +222,3 @@ def _names(graph: onnx.GraphProto) -> Iterator[str]:
         yield from node.output
     for v in (*graph.input, *graph.output, *graph.value_info, *graph.initializer):
         yield v.name
-
-
-def min_ir_for_opset(opset: int) -> int:
-    """Oldest IR version that onnx pairs with a default-domain opset: that
-    of the first onnx release to reach it (onnx.helper.VERSION_TABLE), so a
-    runtime that reads the opset reads the IR (onnxruntime 1.31 reads IR 13
-    and opset 26, not IR 14)."""
-    for _release, ir, version, *_ in onnx.helper.VERSION_TABLE:
-        if opset <= version:
-            return ir
-    return onnx.IR_VERSION

@@ -57,7 +57,7 @@ class OrtSchema:
     attributes: tuple[tuple[str, str, bool], ...]  # (name, AttrType name, required)
 
 
-def _domain(domain: str) -> str:
+def domain_name(domain: str) -> str:
     return "" if domain in _DEFAULT else domain
 
 
@@ -71,7 +71,7 @@ def extra_schemas() -> dict[tuple[str, str], tuple[OrtSchema, ...]]:
         return {}
     found: dict[tuple[str, str], list[OrtSchema]] = {}
     for s in _pybind_state.get_all_operator_schema():
-        domain = _domain(s.domain)
+        domain = domain_name(s.domain)
         if (domain, s.name) not in found and onnx.defs.has(s.name, domain):
             continue  # (a standard op: onnx.defs has it)
         found.setdefault((domain, s.name), []).append(_plain(s, domain))
@@ -95,13 +95,13 @@ def _plain(s, domain: str) -> OrtSchema:
 
 def is_extra(op_type: str, domain: str) -> bool:
     """Whether onnxruntime, not onnx, defines this op."""
-    return (_domain(domain), op_type) in extra_schemas()
+    return (domain_name(domain), op_type) in extra_schemas()
 
 
 def extra_schema(op_type: str, domain: str, opset: int) -> OrtSchema | None:
     """onnxruntime's schema of an op ``onnx.defs`` lacks, in force at
     ``opset`` of its domain; None where onnxruntime has none (or none that old)."""
-    versions = extra_schemas().get((_domain(domain), op_type), ())
+    versions = extra_schemas().get((domain_name(domain), op_type), ())
     chosen = None
     for s in versions:
         if s.since_version <= opset:
@@ -140,7 +140,7 @@ def register_with_onnx() -> bool:
 
 def registered(op_type: str, domain: str) -> bool:
     """Whether ``onnx.defs`` holds this op's schema from onnxruntime (no import of onnxruntime)."""
-    return (_domain(domain), op_type) in _registered
+    return (domain_name(domain), op_type) in _registered
 
 
 def check_with_extras(run: Callable[[], None], model: onnx.ModelProto | None = None) -> None:
@@ -188,42 +188,3 @@ def _as_onnx(s: OrtSchema) -> onnx.defs.OpSchema:
             for name, kind, required in s.attributes
         ],
     )
-
-
-def undeclared_domains(model: onnx.ModelProto) -> dict[str, int]:
-    """The domains the nodes of ``model``'s graph (and of its subgraphs) use
-    without an opset import, where onnxruntime's schemas define every op
-    used from them: domain -> the import onnxruntime would assume (the
-    newest ``since_version`` of those ops). onnxruntime loads such a model;
-    onnx's checker refuses it ("No opset import for domain")."""
-    from .graph import nested_graphs  # (graph imports schema, which imports this module)
-
-    declared = {_domain(o.domain) for o in model.opset_import}
-    used: dict[str, set[str]] = {}
-    for g in (model.graph, *nested_graphs(model.graph.node)):
-        for node in g.node:
-            domain = _domain(node.domain)
-            if domain not in declared:
-                used.setdefault(domain, set()).add(node.op_type)
-    functions = {(f.domain, f.name) for f in model.functions}
-    found: dict[str, int] = {}
-    for domain, ops in used.items():
-        if domain in ONNX_DOMAINS or any((domain, op) in functions for op in ops):
-            continue  # (onnx's own domains, and local functions, are onnx's checker's business)
-        versions = [extra_schemas().get((domain, op), ()) for op in ops]
-        if versions and all(versions):
-            found[domain] = max(v[-1].since_version for v in versions)
-    return found
-
-
-def declare_domains(model: onnx.ModelProto) -> list[str]:
-    """Add the opset imports :func:`undeclared_domains` finds to ``model``
-    (in place); one note per import added."""
-    notes = []
-    for domain, version in sorted(undeclared_domains(model).items()):
-        model.opset_import.append(onnx.helper.make_opsetid(domain, version))
-        notes.append(
-            f"opset import {domain} {version} added: the model uses its ops without declaring it "
-            "(onnxruntime assumes it; onnx's checker refuses the model without it)"
-        )
-    return notes

@@ -10,7 +10,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,8 +20,9 @@ import onnx
 from .check import CHECK_MODES, check_converted
 from .cleanup import clean_up, count_casts, indexed_casts
 from .coverage import Coverage, coverage
+from .domains import declare_domains
 from .dtypes import FLOAT
-from .errors import ConversionError
+from .errors import ConversionError, UsageError
 from .external import has_external, is_external
 from .fold import FoldBatchNormalization
 from .graph import GraphContext, NameGenerator, build_context, name_in_use, names_repeat_across_graphs
@@ -30,7 +31,6 @@ from .load import check_calls, check_input_model, check_versions, load_model
 from .opset import check_target_opset, upgrade_opset
 from .options import ConvertOptions
 from .ortinfer import session_types
-from .ortschema import declare_domains
 from .plan import Plan, fp32_by_lists, make_plan
 from .rewrite import Rewriter, RewriteStats, declare_initializers
 from .safety import ConstantRanges
@@ -38,7 +38,9 @@ from .schema import model_opsets, op_key, opset_domain, signature
 from .typeinfo import declared_type, infer_types
 
 if TYPE_CHECKING:  # (calibration runs onnxruntime: its module is loaded where it is used)
+    from .auto import AutoResult
     from .calibrate import Calibration
+    from .validation import ValidationResult
 
 
 @dataclass
@@ -58,6 +60,8 @@ class ConversionResult:
     timings: dict[str, float] = field(default_factory=dict)
     check_deferred: bool = False  # too large to check in memory: check the written file
     coverage: Coverage | None = None  # the share of float compute the plan runs low, and why the rest is fp32
+    validation: ValidationResult | None = None  # level auto: the chosen trial's verdict
+    auto: AutoResult | None = None  # level auto: the search
 
     def __iter__(self) -> Iterator:
         yield self.model
@@ -120,9 +124,13 @@ def convert(
     one at a time.
     """
     if options is not None and option_values:
-        raise TypeError("pass either options or keyword options, not both")
+        raise UsageError(f"give `options` or option keywords (`{next(iter(option_values))}`), not both", "options")
     if check not in CHECK_MODES:
-        raise ValueError(f"check must be one of {', '.join(CHECK_MODES)}, not {check!r}")
+        raise UsageError(f"`check` must be one of {', '.join(CHECK_MODES)}, not {check!r}", "check")
+    known = {f.name for f in fields(ConvertOptions)}
+    unknown = sorted(set(option_values) - known)
+    if unknown:
+        raise UsageError(f"unknown option `{unknown[0]}`", unknown[0])
     options = (options or ConvertOptions(**_tuples(option_values))).validated()
     base_dir = Path(external_dir) if external_dir is not None else None
     return _convert(model, options, check, calibration, in_place, base_dir, _Timer(on_stage))

@@ -794,7 +794,7 @@ def admitting_opset(op_type: str, domain: str, opset: int, low: LowDtype) -> tup
     newer = first_opset_admitting(op_type, domain, opset, low.onnx_type)
     if newer is None:
         return None
-    from .runner import loads_opset  # (asks onnxruntime: loaded where it is used)
+    from .ortversions import loads_opset
 
     return newer, loads_opset(newer)
 
@@ -811,7 +811,7 @@ def _opset_hint(op_type: str, domain: str, opset: int, low: LowDtype) -> str:
         return f"; it does from opset {newer} (--target-opset {newer})"
     import onnxruntime
 
-    from .runner import newest_loaded_opset
+    from .ortversions import newest_loaded_opset
 
     newest = newest_loaded_opset(newer)
     return f"; it does from opset {newer}, which onnxruntime {onnxruntime.__version__} does not load (it loads up to {newest})"

@@ -11,8 +11,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from . import __version__
 from .plan import Precision
+from .version import __version__
 
 SCHEMA_ID = "amp-convert-report"
 # 2: validation.reference_emulated and reference_emulation_note (a low-precision reference).
@@ -105,6 +105,86 @@ def build_report(
         "size": {"before_bytes": size_before, "after_bytes": size_after, "ratio": ratio},
         "result": {"status": status, "exit_code": exit_code},
     }
+
+
+class Report:
+    """The account of one run: ``data``, the JSON document (schema
+    ``amp-convert-report``, see :func:`report_schema`), and its renderings."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    @classmethod
+    def of(cls, conversion=None, validation=None, *, model: str | Path = "<memory>", nodes: int | None = None) -> Report:
+        """The report of results made in memory: a :class:`ConversionResult`,
+        a :class:`ValidationResult`, or both (``validation`` None: the
+        conversion's own, for ``level="auto"``). ``model``: what to call the
+        input; ``nodes``: its node count (None: the converted model's plan's).
+        Raises AmpError when given neither."""
+        from .errors import UsageError
+
+        validation = validation if validation is not None else getattr(conversion, "validation", None)
+        if conversion is None and validation is None:
+            raise UsageError("a report needs a conversion or a validation", "conversion")
+        searched = getattr(conversion, "auto", None)
+        options = None
+        if conversion is not None:
+            options = {**conversion.options.as_dict(), "level": "auto" if searched else conversion.plan.level}
+        timings = dict(conversion.timings) if conversion is not None else {}
+        if validation is not None:
+            timings["validate"] = validation.seconds
+        data = build_report(
+            command="convert" if conversion is not None else "compare",
+            model_path=model,
+            model_nodes=nodes if nodes is not None else _main_nodes(conversion),
+            output_path=None,
+            written=False,
+            options=options,
+            conversion=conversion,
+            validation=validation,
+            inputs=None if validation is None else validation.inputs,
+            timings={"auto_search": searched.seconds} if searched else timings,
+            exit_code=0 if validation is None or validation.passed else 1,
+            auto=None if searched is None else searched.as_dict(),
+        )
+        return cls(data)
+
+    @property
+    def status(self) -> str:
+        """passed, failed or not-validated."""
+        return self.data["result"]["status"]
+
+    @property
+    def passed(self) -> bool:
+        """Whether the model met the tolerance (True when not validated)."""
+        return self.status != "failed"
+
+    def to_json(self) -> str:
+        """Strict JSON (no NaN or Infinity)."""
+        return report_json(self.data)
+
+    def to_html(self) -> str:
+        """One self-contained HTML page."""
+        return html_report(self.data)
+
+    def to_text(self) -> str:
+        """The terminal's table of outputs and offenders ("" when nothing was validated)."""
+        return "" if self.data["validation"] is None else terminal_table(self.data)
+
+    def save(self, path: str | Path) -> None:
+        """Write the report atomically: HTML where ``path`` ends in .html or .htm, else JSON.
+        Raises AmpError where ``path`` cannot be written as a file."""
+        from .saving import TextFiles
+
+        text = self.to_html() if Path(path).suffix.lower() in (".html", ".htm") else self.to_json()
+        with TextFiles() as files:
+            files.write(path, text)
+            files.place()
+
+
+def _main_nodes(conversion) -> int:
+    """The main graph's node count, as its plan has it (0 without a conversion)."""
+    return 0 if conversion is None else sum(1 for _ in conversion.plan.entries.get("", ()))
 
 
 # ------------------------------------------------------------------ terminal

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +22,8 @@ from .emulate import LOW_TYPES, decide_emulation, emulation_twin, low_inputs, lo
 from .errors import AmpError, LoadFailure, RefusedAsWritten, RunFailure, TwinFailure
 from .external import PROTOBUF_LIMIT, has_external, payload_bytes, write_with_external_data
 from .metrics import is_float
-from .opset import min_ir_for_opset
 from .options import PROVIDERS
-from .save import scratch_folder
+from .saving import scratch_folder
 
 _CUDA = "CUDAExecutionProvider"
 _CPU = "CPUExecutionProvider"
@@ -234,36 +233,6 @@ def _scratch_unnamed(message: str, written: Path | None) -> str:
     if written is None:
         return message
     return message.replace(str(written), "a temporary copy of the model").replace(str(written.parent), "a temporary folder")
-
-
-def version_refusal(opset: int, ir_version: int) -> str | None:
-    """Why onnxruntime loads no model at this default-domain opset and IR
-    version (None: it loads one), asked of a one-node model."""
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["x"], ["y"])],
-        "probe",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
-    )
-    probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir_version)
-    try:
-        session(probe, "cpu")
-    except LoadFailure as e:
-        found = re.search(r"Unsupported model IR version[^)]*|[^.]*support for domain ai\.onnx is till opset \d+", e.detail)
-        return found.group(0).strip() if found else e.detail[:200]
-    return None
-
-
-@cache
-def loads_opset(opset: int) -> bool:
-    """Whether onnxruntime loads a model at this default-domain opset, at the
-    oldest IR version onnx pairs with it (see :func:`version_refusal`)."""
-    return version_refusal(opset, min_ir_for_opset(opset)) is None
-
-
-def newest_loaded_opset(below: int) -> int:
-    """The newest default-domain opset below ``below`` that onnxruntime loads (0: none)."""
-    return next((opset for opset in range(below - 1, 0, -1) if loads_opset(opset)), 0)
 
 
 def _providers(provider: str) -> list[str]:

@@ -19,7 +19,7 @@ import onnx.defs
 
 from . import ortschema
 from .dtypes import TYPE_STR_TO_ELEM
-from .errors import AmpError
+from .errors import UsageError
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -124,7 +124,7 @@ def is_known_default_op(name: str) -> bool:
 
 
 def validate_op_names(names: Iterable[str], what: str) -> list[str]:
-    """Check user-given op types; unknown names are a usage error."""
+    """Check user-given op types (``what``: the option's field); unknown names are a UsageError."""
     result = []
     for raw in names:
         name = raw.strip()
@@ -133,14 +133,15 @@ def validate_op_names(names: Iterable[str], what: str) -> list[str]:
         if "::" in name:
             domain, _, op = name.partition("::")
             if not domain or not op:
-                raise AmpError(f"{what}: malformed op type {raw!r} (write DOMAIN::OpType)")
+                raise UsageError(f"`{what}`: malformed op type {raw!r} (write DOMAIN::OpType)", what)
             name = op_key(op, domain)
         elif not is_known_default_op(name):
             hint = _close_match(name)
-            raise AmpError(
-                f"{what}: unknown ONNX op type {raw!r}"
+            raise UsageError(
+                f"`{what}`: unknown ONNX op type {raw!r}"
                 + (f" (did you mean {hint!r}?)" if hint else "")
-                + "; custom-domain ops are written DOMAIN::OpType, e.g. com.microsoft::FusedConv"
+                + "; custom-domain ops are written DOMAIN::OpType, e.g. com.microsoft::FusedConv",
+                what,
             )
         result.append(name)
     return result

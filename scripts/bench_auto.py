@@ -45,7 +45,7 @@ from amp_convert.inputs import make_source  # noqa: E402
 from amp_convert.metrics import DEFAULT_TOLERANCES  # noqa: E402
 from amp_convert.schema import model_opsets  # noqa: E402
 from amp_convert.typeinfo import infer_types  # noqa: E402
-from amp_convert.validate import ValidationConfig, validate  # noqa: E402
+from amp_convert.validation import ValidationConfig, validate  # noqa: E402
 from models.hostile import HOSTILE  # noqa: E402
 from models.zoo_inputs import load_manifest  # noqa: E402
 

@@ -62,7 +62,7 @@ from amp_convert import convert, kernels  # noqa: E402
 from amp_convert.inputs import make_source  # noqa: E402
 from amp_convert.metrics import ErrorStats  # noqa: E402
 from amp_convert.runner import cuda_usable  # noqa: E402
-from amp_convert.validate import ValidationConfig, validate  # noqa: E402
+from amp_convert.validation import ValidationConfig, validate  # noqa: E402
 from models.zoo_inputs import load_manifest, make_inputs  # noqa: E402
 
 CUDA, CPU = kernels.CUDA, kernels.CPU

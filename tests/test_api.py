@@ -32,7 +32,7 @@ def test_convert_returns_model_and_plan_and_stats(tmp_path):
     assert result.stats.casts_inserted == result.casts_after
     assert set(result.timings) >= {"load", "plan", "rewrite", "cleanup", "check"}
     assert plan.as_dict()["counts"] == {"low": 1, "fp32": 2, "unchanged": 0}
-    with pytest.raises(ValueError, match="check must be one of full, basic, none"):
+    with pytest.raises(ValueError, match="`check` must be one of full, basic, none"):
         amp_convert.convert(path, level="O1", check="strict")
 
 

@@ -93,7 +93,7 @@ def test_force_low_overrides_the_filter():
 
 
 def test_unknown_target_provider_is_refused(tmp_path):
-    with pytest.raises(AmpError, match="unknown target provider 'rocm'"):
+    with pytest.raises(AmpError, match="unknown `target_provider` 'rocm'"):
         convert(_clip_model(13), level="O2", target_provider="rocm", check="none")
     src = tmp_path / "m.onnx"
     onnx.save(_clip_model(13), src)
@@ -103,7 +103,7 @@ def test_unknown_target_provider_is_refused(tmp_path):
         [str(exe), str(src), "--target-provider", "rocm", "-o", str(out)], capture_output=True, text=True, timeout=300
     )
     assert run.returncode == 2
-    assert run.stderr.strip().count("\n") == 0 and "unknown target provider 'rocm'" in run.stderr
+    assert run.stderr.strip().count("\n") == 0 and "unknown --target-provider 'rocm'" in run.stderr
     assert "Traceback" not in run.stderr and not out.exists()
 
 

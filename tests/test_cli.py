@@ -72,7 +72,7 @@ def test_converting_without_validation_loads_nothing_of_validation(resnet, tmp_p
         "import sys\n"
         "from amp_convert.cli import main\n"
         f"code = main([{str(resnet)!r}, '-o', {str(tmp_path / 'out.onnx')!r}, '--no-validate', '-q'])\n"
-        "heavy = ('onnxruntime', 'amp_convert.validate', 'amp_convert.calibrate', 'amp_convert.inputs', 'amp_convert.auto')\n"
+        "heavy = ('onnxruntime', 'amp_convert.validation', 'amp_convert.calibrate', 'amp_convert.inputs', 'amp_convert.auto')\n"
         "print(code, sorted(m for m in heavy if m in sys.modules))\n"
     )
     assert _python(script) == ["0", "[]"]
@@ -523,18 +523,18 @@ def test_an_emulation_twin_onnxruntime_cannot_load_is_amp_converts_failure_not_t
     command reports them."""
     from dataclasses import replace
 
-    from amp_convert.cli import _run_failures
+    from amp_convert.blame import run_failures
     from amp_convert.errors import ConversionError
     from amp_convert.inputs import make_source
-    from amp_convert.validate import ValidationConfig, validate
+    from amp_convert.validation import ValidationConfig, validate
 
     path = _low_function_model(tmp_path / "m.onnx", function_opset=13, op="Mul")
     m = onnx.load(str(path))
     source, cpu = make_source(m), ValidationConfig(provider="cpu")
-    twin = r"onnxruntime cannot load the emulation twin of {} .* loads {} as written; --emulate never .*tensor\(float16\)"
-    with pytest.raises(ConversionError, match=twin.format(*["the converted model"] * 2)), _run_failures(source):
+    twin = r"onnxruntime cannot load the emulation twin of {} .* loads {} as written; `emulate` never .*tensor\(float16\)"
+    with pytest.raises(ConversionError, match=twin.format(*["the converted model"] * 2)), run_failures(source):
         validate(m, m, source, cpu)
-    with pytest.raises(ConversionError, match=twin.format(*[re.escape(str(path))] * 2)), _run_failures(source, (str(path),) * 2):
+    with pytest.raises(ConversionError, match=twin.format(*[re.escape(str(path))] * 2)), run_failures(source, (str(path),) * 2):
         validate(m, m, source, cpu)
     assert validate(m, m, source, replace(cpu, emulate="never")).passed
 

@@ -35,12 +35,12 @@ from helpers import run
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_convert import ConvertOptions, convert
-from amp_convert import save as amp_save
+from amp_convert import saving as amp_save
 from amp_convert.cleanup import count_casts
 from amp_convert.errors import AmpError
 from amp_convert.inputs import make_source
 from amp_convert.load import load_model
-from amp_convert.save import TextFiles, save_model
+from amp_convert.saving import TextFiles, save_model
 from models.zoo_inputs import load_manifest, make_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -746,8 +746,7 @@ def test_a_target_opset_onnxruntime_cannot_load_is_refused_before_converting(tmp
     import onnx
     import onnxruntime
 
-    from amp_convert.opset import min_ir_for_opset
-    from amp_convert.runner import version_refusal
+    from amp_convert.ortversions import min_ir_for_opset, version_refusal
 
     newest = onnx.defs.onnx_opset_version()
     if version_refusal(newest, min_ir_for_opset(newest)) is None:
@@ -975,7 +974,7 @@ def test_generated_input_too_large_is_refused_before_allocating(tmp_path):
 
 @pytest.mark.parametrize("data_max", [math.inf, math.nan, 0.0])
 def test_a_data_max_that_checks_nothing_is_refused_through_the_api(data_max):
-    with pytest.raises(AmpError, match="--data-max must be a finite number > 0"):
+    with pytest.raises(AmpError, match="`data_max` must be a finite number > 0"):
         ConvertOptions(data_max=data_max).validated()
 
 
@@ -1142,7 +1141,7 @@ def test_outputs_get_ordinary_permissions_and_signal_handlers_are_restored(tmp_p
 SLOW_WRITER = textwrap.dedent(
     """
     import sys, time
-    import amp_convert.save
+    import amp_convert.saving
 
     def slow_save(proto, f, *args, **kwargs):
         data = proto.SerializeToString()
@@ -1154,7 +1153,7 @@ SLOW_WRITER = textwrap.dedent(
         with open(f, "ab") as out:
             out.write(data[len(data) // 2 :])
 
-    amp_convert.save.write_model_file = slow_save
+    amp_convert.saving.write_model_file = slow_save
     from amp_convert.cli import main
 
     sys.exit(main(sys.argv[2:]))
@@ -1230,17 +1229,17 @@ def test_interrupt_mid_write_keeps_the_old_file_and_removes_the_temporary(tmp_pa
 SLOW_STAGE_WRITERS = textwrap.dedent(
     """
     import sys, time
-    import amp_convert.save
+    import amp_convert.saving
 
     marker, which = sys.argv[1], sys.argv[2]
-    write_external = amp_convert.save.write_with_external_data
+    write_external = amp_convert.saving.write_with_external_data
 
     def slow_external(*args, **kwargs):
         write_external(*args, **kwargs)  # the model and its data file, complete, in the staging folder
         open(marker, "w").close()
         time.sleep(120)
 
-    write_report = amp_convert.save.TextFiles.write
+    write_report = amp_convert.saving.TextFiles.write
 
     def slow_text(self, path, text):
         write_report(self, path, text[: len(text) // 2])  # half the report, beside its target
@@ -1248,9 +1247,9 @@ SLOW_STAGE_WRITERS = textwrap.dedent(
         time.sleep(120)
 
     if which == "external":
-        amp_convert.save.write_with_external_data = slow_external
+        amp_convert.saving.write_with_external_data = slow_external
     else:
-        amp_convert.save.TextFiles.write = slow_text
+        amp_convert.saving.TextFiles.write = slow_text
     from amp_convert.cli import main
 
     sys.exit(main(sys.argv[3:]))
@@ -1384,7 +1383,7 @@ DETERMINISM_DRIVER = textwrap.dedent(
     """
     import sys
     from amp_convert import convert
-    from amp_convert.save import save_model
+    from amp_convert.saving import save_model
 
     zoo, out = sys.argv[1], sys.argv[2]
     for name in ("resnet50", "bert", "controlflow"):
@@ -1561,17 +1560,17 @@ def test_a_report_that_cannot_be_written_leaves_the_model_and_the_other_files_as
             f"""
             import shutil, sys
             from pathlib import Path
-            import amp_convert.save
+            import amp_convert.saving
             from amp_convert.cli import main
 
-            write = amp_convert.save.TextFiles.write
+            write = amp_convert.saving.TextFiles.write
 
             def failing(self, target, text):
                 if Path(target).name == {files[failing].name!r}:
-                    raise amp_convert.save.AmpError(f"{{target}}: cannot write (No space left on device); nothing was written")
+                    raise amp_convert.saving.AmpError(f"{{target}}: cannot write (No space left on device); nothing was written")
                 write(self, target, text)
 
-            amp_convert.save.TextFiles.write = failing
+            amp_convert.saving.TextFiles.write = failing
             sys.exit(main(sys.argv[1:]))
             """
         )

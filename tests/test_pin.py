@@ -17,7 +17,7 @@ from helpers import I64, init, model, run, value
 from onnx import helper
 
 from amp_convert import convert
-from amp_convert import validate as validate_module
+from amp_convert import validation as validate_module
 from amp_convert.errors import RunFailure
 from amp_convert.graph import build_context, tensor_names
 from amp_convert.inputs import make_source
@@ -26,7 +26,7 @@ from amp_convert.report import report_schema
 from amp_convert.runner import runnable
 from amp_convert.schema import model_opsets
 from amp_convert.typeinfo import infer_types
-from amp_convert.validate import ValidationConfig, validate
+from amp_convert.validation import ValidationConfig, validate
 
 K = 8
 

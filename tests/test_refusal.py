@@ -26,7 +26,7 @@ from amp_convert.cli import main
 from amp_convert.errors import RefusedAsWritten
 from amp_convert.inputs import make_source
 from amp_convert.report import report_schema
-from amp_convert.validate import ValidationConfig, validate
+from amp_convert.validation import ValidationConfig, validate
 from models.zoo_inputs import load_manifest
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1096,7 +1096,7 @@ def test_scan_body_is_converted_and_reads_the_outer_weight_low(dtype):
 
 
 def test_options_are_validated():
-    with pytest.raises(ValueError, match="unknown level"):
+    with pytest.raises(ValueError, match="unknown `level`"):
         ConvertOptions(level="O7").validated()
     with pytest.raises(ValueError, match="unsupported dtype"):
         ConvertOptions(dtype="fp8").validated()
@@ -1106,7 +1106,7 @@ def test_options_are_validated():
         ConvertOptions(white_list=("Cnov",)).validated()
     with pytest.raises(ValueError, match="invalid regular expression"):
         ConvertOptions(keep_fp32=("(",)).validated()
-    with pytest.raises(ValueError, match="cannot be used with --level O3"):
+    with pytest.raises(ValueError, match="cannot be used with `level` O3"):
         ConvertOptions(level="O3", only_white_list=("Conv",)).validated()
 
 

@@ -23,7 +23,7 @@ from amp_convert.inputs import make_source
 from amp_convert.opset import upgrade_opset
 from amp_convert.rewrite import RewriteStats, lower_small_tensors, lower_tensor
 from amp_convert.safety import ConstantRanges, chunked_facts, segment_counts, value_stats
-from amp_convert.validate import ValidationConfig, validate
+from amp_convert.validation import ValidationConfig, validate
 from models.hostile import CULPRITS, HOSTILE
 from models.zoo_inputs import load_manifest
 

@@ -28,7 +28,7 @@ from amp_convert.inputs import make_source
 from amp_convert.metrics import DEFAULT_TOLERANCES, ErrorStats, Tolerance
 from amp_convert.report import html_report, report_schema, terminal_table
 from amp_convert.runner import runnable
-from amp_convert.validate import ValidationConfig, validate
+from amp_convert.validation import ValidationConfig, validate
 from models.zoo_inputs import load_manifest, make_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -307,7 +307,7 @@ import onnx
 from onnx import helper, numpy_helper
 from amp_convert import convert
 from amp_convert.inputs import make_source
-from amp_convert.validate import ValidationConfig, validate
+from amp_convert.validation import ValidationConfig, validate
 
 rng = np.random.default_rng(3)
 nodes, inits, x = [], [], "x"
@@ -383,7 +383,7 @@ def test_html_report_opens_in_headless_chromium_with_the_chart(tmp_path):
 
 
 def test_per_node_diff_is_skipped_on_huge_graphs_unless_forced(monkeypatch):
-    import amp_convert.validate as validation
+    import amp_convert.validation as validation
 
     entry = ZOO["vit"]
     reference = onnx.load(entry["path"])
@@ -562,7 +562,7 @@ def test_scalar_input_given_an_array_is_named(tmp_path):
 
 
 def test_offenders_are_low_nodes_that_can_round_and_nan_counts_as_infinite():
-    from amp_convert.validate import NodeError, ValidationResult
+    from amp_convert.validation import NodeError, ValidationResult
 
     nodes = [
         NodeError(0, "picks_worse_half", "Gather", "low", 1e-4, 5e-4),
@@ -980,7 +980,7 @@ def test_validation_reuses_the_calibration_session_and_gets_the_same_result(name
     detector's pinned choices (int64, not exposed by calibration) need a
     session of their own. Either way the result is the same."""
     from amp_convert.calibrate import calibrate
-    from amp_convert.validate import Validator
+    from amp_convert.validation import Validator
 
     reference = onnx.load(ZOO[name]["path"])
     source = manifest_source(ZOO[name], reference)
@@ -1003,7 +1003,7 @@ def test_a_shared_calibration_session_caches_outputs_only_and_outlives_its_relea
     is held by the validator: the caller dropping it (as the CLI does after
     validating) does not break a later check."""
     from amp_convert.calibrate import calibrate
-    from amp_convert.validate import Validator
+    from amp_convert.validation import Validator
 
     reference = onnx.load(ZOO["vit"]["path"])
     calibration = calibrate(reference, manifest_source(ZOO["vit"], reference, samples=1), "cpu")

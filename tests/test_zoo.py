@@ -22,8 +22,8 @@ from helpers import iter_nodes, manifest_source, redundant_casts, run
 
 from amp_convert import convert
 from amp_convert.cleanup import count_casts
-from amp_convert.save import save_model
-from amp_convert.validate import ValidationConfig, validate
+from amp_convert.saving import save_model
+from amp_convert.validation import ValidationConfig, validate
 from models.zoo_inputs import load_manifest, make_inputs, manifest_paths
 
 ENTRIES = [e for path in manifest_paths(include_cache=False) for e in load_manifest(path)]

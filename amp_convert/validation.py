@@ -29,12 +29,13 @@ from onnx import TensorProto, helper
 
 from .calibrate import Calibration
 from .dtypes import FLOAT_TYPES
-from .emulate import EMULATE_MODES, decide_emulation, low_dtype_of, low_io
+from .emulate import decide_emulation, low_dtype_of, low_io
 from .errors import AmpError, LoadFailure, ModelFailure, NeitherLoads, RefusedAsWritten, TwinFailure
 from .graph import build_context, tensor_names
 from .inputs import CandidateInputs, InputSource
 from .lists import EXACT_OPS
 from .metrics import DEFAULT_TOLERANCES, ElementSummary, ErrorStats, SequenceStats, Tolerance
+from .options import EMULATE_MODES
 from .pin import Selection, find_selections, makes, pin
 from .plan import Plan
 from .runner import AsWritten, Runnable, choose_provider, load_as_written, runnable, value_bytes
@@ -159,6 +160,7 @@ class ValidationResult:
     pin_note: str = ""
     kernel_note: str = ""  # what loading the candidate as written found that validation stands behind
     per_output: dict[str, Tolerance] = field(default_factory=dict)  # outputs judged by a tolerance of their own
+    inputs: dict | None = None  # what the samples were (InputSource.describe), where the caller says
 
     def tolerance_for(self, name: str) -> Tolerance:
         """The tolerance output ``name`` is judged by (a sequence's elements, ``out[3]``, by their output's)."""

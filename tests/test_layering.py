@@ -1,0 +1,112 @@
+"""The package's layers: core <- stages <- workflow <- api <- cli. A module
+imports (at the top or inside a function; ``if TYPE_CHECKING:`` blocks
+aside) only modules of its own layer or below, and no import cycle exists."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "amp_convert"
+
+LAYERS: dict[str, tuple[str, ...]] = {
+    # tables, types and the graph index every stage shares
+    "core": (
+        "availability",
+        "domains",
+        "dtypes",
+        "errors",
+        "external",
+        "graph",
+        "kernels",
+        "lists",
+        "options",
+        "order_stats",
+        "ortschema",
+        "ortversions",
+        "schema",
+        "typeinfo",
+        "version",
+    ),
+    # load -> plan -> rewrite -> clean up -> check -> validate -> report -> save, and what they use
+    "stages": (
+        "blame",
+        "calibrate",
+        "check",
+        "cleanup",
+        "coverage",
+        "emulate",
+        "fold",
+        "input_roles",
+        "inputs",
+        "load",
+        "metrics",
+        "opset",
+        "ortinfer",
+        "pin",
+        "plan",
+        "report",
+        "rewrite",
+        "runner",
+        "safety",
+        "saving",
+        "validation",
+    ),
+    "workflow": ("pipeline", "auto", "workflow"),
+    "api": ("api", "mindspore"),
+    "cli": ("cli", "__main__"),
+}
+RANK = {module: rank for rank, modules in enumerate(LAYERS.values()) for module in modules}
+
+
+def _imports(path: Path) -> set[str]:
+    """The package modules ``path`` imports, outside ``if TYPE_CHECKING:`` blocks."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.ImportFrom) and child.level == 1:
+                names = [child.module] if child.module else [alias.name for alias in child.names]
+                found.update(name.split(".")[0] for name in names)
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    return found
+
+
+MODULES = {p.stem: _imports(p) for p in sorted(PACKAGE.glob("*.py")) if p.stem != "__init__"}
+
+
+def test_every_module_has_a_layer():
+    assert sorted(set(MODULES) - set(RANK)) == []
+    assert sorted(set(RANK) - set(MODULES)) == []
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_go_only_downward(module):
+    upward = sorted(m for m in MODULES[module] if RANK[m] > RANK[module])
+    assert upward == [], f"{module} ({list(LAYERS)[RANK[module]]}) imports a higher layer: {upward}"
+
+
+def test_no_import_cycle():
+    done: set[str] = set()
+
+    def walk(module: str, path: tuple[str, ...]) -> None:
+        if module in path:
+            raise AssertionError("import cycle: " + " -> ".join((*path[path.index(module) :], module)))
+        if module in done:
+            return
+        for other in sorted(MODULES[module]):
+            walk(other, (*path, module))
+        done.add(module)
+
+    for module in sorted(MODULES):
+        walk(module, ())
+
+
+def test_the_planner_does_not_run_onnxruntime_sessions():
+    assert "runner" not in MODULES["plan"]
