@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 ZOOVENV ?= .venv-zoo
 ORTZOOVENV ?= .venv-ortzoo
 
-.PHONY: setup demo test lint pypi-models browser zoo zoo-full zoo-ort zoo-ort-full bench bench-casts bench-ort bench-convert bench-auto bench-latency fuzz fingerprint clean
+.PHONY: setup demo test lint pypi-models browser zoo zoo-full zoo-ort zoo-ort-full bench bench-casts bench-ort bench-convert bench-auto bench-latency fuzz fingerprint bench-startup clean
 
 setup: $(VENV)/.installed
 
@@ -74,7 +74,7 @@ fingerprint: setup
 	$(BIN)/python scripts/fingerprint.py
 
 # Every benchmark; each prints its tables (figures in BENCHMARKS.md).
-bench: bench-casts bench-ort bench-convert bench-auto bench-latency
+bench: bench-casts bench-ort bench-convert bench-auto bench-latency bench-startup
 
 bench-casts: setup pypi-models
 	$(BIN)/python scripts/bench_casts.py
@@ -97,3 +97,6 @@ bench-latency: setup pypi-models
 
 clean:
 	rm -rf out .pytest_cache
+
+bench-startup: setup
+	$(BIN)/python scripts/bench_startup.py
