@@ -180,7 +180,8 @@ def _convert(
     timer.lap("plan")
     result = ConversionResult(work, plan, options, casts_before=casts_before, casts_after=len(input_casts), coverage=covered)
     if options.effective_level != "O0":
-        rewriter = Rewriter(plan, options.low, options.io_types, NameGenerator(name_in_use(ctx)), base_dir, ranges)
+        opset = model_opsets(work).get("")
+        rewriter = Rewriter(plan, options.low, options.io_types, NameGenerator(name_in_use(ctx)), base_dir, ranges, opset)
         result.stats = rewriter.run(ctx)
         timer.lap("rewrite")
         if names_repeat_across_graphs(ctx):  # (the clean-up indexes the model again, and looks names up by scope)

@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .dtypes import FLOAT, LowDtype
+from .dtypes import FLOAT, TYPE_STR_TO_ELEM, LowDtype
 from .external import is_external, read_array, retype_external
 from .graph import UNTYPED, GraphContext, NameGenerator, node_subgraphs, sort_nodes
 from .lists import DTYPE_AGNOSTIC_INPUTS, DTYPE_ATTRIBUTE_OPS, PASS_THROUGH_ATTRIBUTES, VALUE_ATTRIBUTE_OPS
@@ -273,8 +273,10 @@ class Rewriter:
         names: NameGenerator,
         base_dir: Path | None = None,
         ranges: ConstantRanges | None = None,
+        opset: int | None = None,
     ):
         self.plan = plan
+        self.fill_holds_low = _fill_holds(low, opset)  # (ConstantOfShape holds bf16 from opset 20 only)
         self.ranges = ranges  # constants' value statistics the planner gathered (external weights are not read again)
         self.low = low
         self.io_low = io_types == "low"
@@ -630,10 +632,17 @@ class Rewriter:
         if self._fits_low(name, array):
             return None
         value = self._clipped(name, array)
-        fill = helper.make_node(
-            "ConstantOfShape", [node.input[0]], [value.name], name=self.names(f"{value.name}_fill"), value=value
-        )
-        after.setdefault(i, []).append(fill)
+        if self.fill_holds_low:
+            fill = helper.make_node(
+                "ConstantOfShape", [node.input[0]], [value.name], name=self.names(f"{value.name}_fill"), value=value
+            )
+            after.setdefault(i, []).append(fill)
+            return value.name
+        # The clipped fill in float32 (exact: it is a low value), cast to the low dtype.
+        wide = numpy_helper.from_array(numpy_helper.to_array(value).astype(np.float32), self.names(f"{name}_clipped"))
+        self.retyped[wide.name] = FLOAT
+        fill = helper.make_node("ConstantOfShape", [node.input[0]], [wide.name], name=self.names(f"{wide.name}_fill"), value=wide)
+        after.setdefault(i, []).extend([fill, self._cast_node(wide.name, value.name, self.low.onnx_type)])
         return value.name
 
     def _cast_node(self, source: str, target: str, to: int) -> onnx.NodeProto:
@@ -767,3 +776,11 @@ _SHORT_NAMES = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16"
 def _short(elem_type: int) -> str:
     short = _SHORT_NAMES.get(elem_type)
     return short if short is not None else onnx.TensorProto.DataType.Name(elem_type).lower()
+
+
+def _fill_holds(low: LowDtype, opset: int | None) -> bool:
+    """Whether ConstantOfShape, at the default-domain ``opset`` (None: the
+    newest), admits a ``low`` fill value."""
+    schema = onnx.defs.get_schema("ConstantOfShape", opset or onnx.defs.onnx_opset_version())
+    allowed = (t for c in schema.type_constraints if c.type_param_str == "T2" for t in c.allowed_type_strs)
+    return any(TYPE_STR_TO_ELEM.get(t) == low.onnx_type for t in allowed)

@@ -32,8 +32,9 @@ from helpers import (
     shape_readers_model,
     value,
 )
-from onnx import helper
+from onnx import TensorProto, helper, numpy_helper
 
+import amp_convert
 from amp_convert import ConvertOptions, Precision, convert
 from amp_convert.cleanup import count_casts
 from amp_convert.emulate import emulation_twin
@@ -1856,3 +1857,29 @@ def test_layernorm_follows_unless_it_keeps_its_statistics_in_the_data_type(stash
         feeds = x_feed()
         assert close(run(m, feeds)[0], run(out, feeds)[0])
     assert convert(m, level="O3").plan.by_name("ln").precision is Precision.LOW
+
+
+def test_a_clipped_bf16_fill_below_opset_20_is_a_float32_fill_cast_low():
+    """ConstantOfShape holds bf16 from opset 20 only: below it, a mask fill
+    past bf16's range (float32's lowest, as exported attention masks use) is
+    filled in float32, clipped, and cast; onnx's full check accepts the model
+    and validation (emulated: onnxruntime's CPU has no bf16 Add) passes."""
+    lowest = numpy_helper.from_array(np.array([np.finfo(np.float32).min], np.float32), "fill")
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("ConstantOfShape", ["shape"], ["mask"], value=lowest),
+        helper.make_node("Add", ["x", "mask"], ["y"]),
+    ]
+    m = model(nodes, [value("x", shape=[2, 4])], [value("y", shape=[2, 4])], opset=17)
+    result = convert(m, level="O3", dtype="bf16")
+    onnx.checker.check_model(result.model, full_check=True)
+    fills = [n for n in result.model.graph.node if n.op_type == "ConstantOfShape"]
+    assert {n.attribute[0].t.data_type for n in fills} <= {TensorProto.FLOAT}
+    casts = {n.input[0]: n for n in result.model.graph.node if n.op_type == "Cast"}
+    (fill,) = [n for n in fills if n.output[0] in casts]  # (the clipped copy; the original stays float32)
+    filled = numpy_helper.to_array(fill.attribute[0].t).astype(np.float32)
+    assert np.isfinite(filled).all() and (filled < -3e38).all()
+    assert casts[fill.output[0]].attribute[0].i == TensorProto.BFLOAT16
+    assert amp_convert.validate(m, result.model, samples=1, provider="cpu").passed
+    at_20 = convert(model(nodes, [value("x", shape=[2, 4])], [value("y", shape=[2, 4])], opset=20), level="O3", dtype="bf16")
+    assert TensorProto.BFLOAT16 in {n.attribute[0].t.data_type for n in at_20.model.graph.node if n.op_type == "ConstantOfShape"}
