@@ -781,6 +781,9 @@ def _short(elem_type: int) -> str:
 def _fill_holds(low: LowDtype, opset: int | None) -> bool:
     """Whether ConstantOfShape, at the default-domain ``opset`` (None: the
     newest), admits a ``low`` fill value."""
-    schema = onnx.defs.get_schema("ConstantOfShape", opset or onnx.defs.onnx_opset_version())
+    try:
+        schema = onnx.defs.get_schema("ConstantOfShape", opset or onnx.defs.onnx_opset_version())
+    except onnx.defs.SchemaError:  # (before opset 9: no ConstantOfShape, so no fill to make)
+        return False
     allowed = (t for c in schema.type_constraints if c.type_param_str == "T2" for t in c.allowed_type_strs)
     return any(TYPE_STR_TO_ELEM.get(t) == low.onnx_type for t in allowed)

@@ -186,7 +186,7 @@ def test_bad_input_with_debug_shows_a_traceback_and_still_writes_nothing(tmp_pat
     model = _write(tmp_path, _zoo_bytes("lstm")[:1000])
     before = snapshot(tmp_path)
     proc = cli(model, "-o", tmp_path / "out.onnx", "--debug")
-    assert proc.returncode == 2 and "Traceback" in proc.stderr and "AmpError" in proc.stderr
+    assert proc.returncode == 2 and "Traceback" in proc.stderr and "InputError" in proc.stderr
     assert snapshot(tmp_path) == before
 
 
