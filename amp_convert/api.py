@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import onnx
 
 from .errors import UsageError
-from .options import EXTERNAL_DATA, AutoOptions, ConvertOptions, OutputOptions, ValidationOptions
-from .pipeline import ConversionResult, load_input
+from .options import EXTERNAL_DATA, AutoOptions, ConvertOptions, OutputOptions, ValidationOptions, with_fields
+from .pipeline import ConversionResult, convert_options, load_input
 from .pipeline import convert as _convert
 from .report import Report
 from .workflow import Run, compare_files, convert_file
@@ -109,10 +109,7 @@ def convert(
             on_stage=on_stage,
             **option_values,
         )
-    if options is not None and option_values:
-        raise UsageError(f"give `options` or option keywords (`{next(iter(option_values))}`), not both", "options")
-    option_values.pop("level", None)
-    options = _with(replace(options, level=None) if options is not None else ConvertOptions(), option_values)
+    options = replace(convert_options(options, option_values), level=None).validated()
     auto = AutoOptions(max_trials, auto_from).validated()
     options.auto_start(auto.auto_from)
     return _auto(model, options, (validation or ValidationOptions()).validated(), auto, check, on_trial, external_dir)
@@ -169,7 +166,7 @@ def validate(
     from .blame import run_failures
     from .workflow import input_source, validate_models
 
-    checking = _with(options or ValidationOptions(), fields_given).validated()
+    checking = with_fields(options or ValidationOptions(), fields_given).validated()
     ref, cand = load_input(reference), load_input(candidate)
     source = input_source(ref, checking)
     names = tuple(str(m) if not isinstance(m, onnx.ModelProto) else "" for m in (reference, candidate))
@@ -195,7 +192,7 @@ def compare(
     verdict. Raises UsageError for bad options, InputError where a file is
     bad or onnxruntime refuses it.
     """
-    checking = _with(options or ValidationOptions(), fields_given)
+    checking = with_fields(options or ValidationOptions(), fields_given)
     return compare_files(reference, candidate, checking, outputs=OutputOptions(report=report, html=html)).report
 
 
@@ -217,25 +214,14 @@ def save(
     UsageError for a bad ``external_data``, AmpError for a path that cannot
     be written as a file or a model too large for one file.
     """
-    from .external import PROTOBUF_LIMIT, payload
-    from .saving import check_output_path, save_model
+    from .external import payload
+    from .saving import check_output_path, save_model, writes_external
 
     if external_data not in EXTERNAL_DATA:
         raise UsageError(f"unknown `external_data` {external_data!r}: use one of {', '.join(EXTERNAL_DATA)}", "external_data")
     target = Path(path)
     check_output_path(target)
     measured = payload(model)
-    external = external_data == "always" or (
-        external_data == "auto" and (measured.has_external or measured.total > PROTOBUF_LIMIT)
-    )
+    external = writes_external(external_data, measured.has_external, measured.total)
     save_model(model, target, external=external, source_dir=source_dir, measured=None if external else measured)
     return target
-
-
-def _with(options, given: dict[str, Any]):
-    """``options`` with the keyword fields ``given``; an unknown one is a UsageError naming it."""
-    known = {f.name for f in fields(options)}
-    unknown = sorted(set(given) - known)
-    if unknown:
-        raise UsageError(f"unknown option `{unknown[0]}` for {type(options).__name__}", unknown[0])
-    return replace(options, **given) if given else options

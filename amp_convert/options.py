@@ -338,6 +338,15 @@ class OutputOptions:
         return replace(self, **paths)
 
 
+def with_fields(options, given: Mapping[str, Any]):
+    """``options`` (an options dataclass) with the fields ``given`` as
+    keywords; an unknown field is a UsageError naming it."""
+    unknown = sorted(set(given) - {f.name for f in fields(options)})
+    if unknown:
+        raise UsageError(f"unknown option `{unknown[0]}` for {type(options).__name__}", unknown[0])
+    return replace(options, **given) if given else options
+
+
 def _finite_in(value: object, least: float, most: float) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and least <= value <= most
 

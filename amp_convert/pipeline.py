@@ -10,7 +10,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,7 +29,7 @@ from .graph import GraphContext, NameGenerator, build_context, name_in_use, name
 from .lists import BATCHNORM, ORT_FUSED
 from .load import check_calls, check_input_model, check_versions, load_model
 from .opset import check_target_opset, upgrade_opset
-from .options import ConvertOptions
+from .options import ConvertOptions, with_fields
 from .ortinfer import session_types
 from .plan import Plan, fp32_by_lists, make_plan
 from .rewrite import Rewriter, RewriteStats, declare_initializers
@@ -123,15 +123,9 @@ def convert(
     (``load_model(path, lazy_external=True)``): tensors are read from there
     one at a time.
     """
-    if options is not None and option_values:
-        raise UsageError(f"give `options` or option keywords (`{next(iter(option_values))}`), not both", "options")
     if check not in CHECK_MODES:
         raise UsageError(f"`check` must be one of {', '.join(CHECK_MODES)}, not {check!r}", "check")
-    known = {f.name for f in fields(ConvertOptions)}
-    unknown = sorted(set(option_values) - known)
-    if unknown:
-        raise UsageError(f"unknown option `{unknown[0]}`", unknown[0])
-    options = (options or ConvertOptions(**_tuples(option_values))).validated()
+    options = convert_options(options, option_values).validated()
     base_dir = Path(external_dir) if external_dir is not None else None
     return _convert(model, options, check, calibration, in_place, base_dir, _Timer(on_stage))
 
@@ -331,6 +325,14 @@ def _mark_removed_casts(plan: Plan, input_casts: list[tuple[GraphContext, int]],
     for c, i in input_casts:
         if id(c.nodes[i]) in gone:
             plan.entries[c.path][i].reason += "; removed by the clean-up: it changed nothing"
+
+
+def convert_options(options: ConvertOptions | None, option_values: dict) -> ConvertOptions:
+    """A call's options: ``options``, or the ConvertOptions fields given as
+    keywords (lists as tuples), not both (a UsageError); not yet validated."""
+    if options is not None and option_values:
+        raise UsageError(f"give `options` or option keywords (`{next(iter(option_values))}`), not both", "options")
+    return options or with_fields(ConvertOptions(), _tuples(option_values))
 
 
 def _tuples(values: dict) -> dict:

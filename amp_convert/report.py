@@ -126,26 +126,20 @@ class Report:
         validation = validation if validation is not None else getattr(conversion, "validation", None)
         if conversion is None and validation is None:
             raise UsageError("a report needs a conversion or a validation", "conversion")
-        searched = getattr(conversion, "auto", None)
-        options = None
         if conversion is not None:
-            options = {**conversion.options.as_dict(), "level": "auto" if searched else conversion.plan.level}
-        timings = dict(conversion.timings) if conversion is not None else {}
-        if validation is not None:
-            timings["validate"] = validation.seconds
+            decided = conversion_fields(conversion.options, conversion, validation, getattr(conversion, "auto", None))
+        else:
+            decided = {"options": None, "timings": {"validate": validation.seconds}, "exit_code": int(not validation.passed)}
         data = build_report(
             command="convert" if conversion is not None else "compare",
             model_path=model,
             model_nodes=nodes if nodes is not None else _main_nodes(conversion),
             output_path=None,
             written=False,
-            options=options,
             conversion=conversion,
             validation=validation,
             inputs=None if validation is None else validation.inputs,
-            timings={"auto_search": searched.seconds} if searched else timings,
-            exit_code=0 if validation is None or validation.passed else 1,
-            auto=None if searched is None else searched.as_dict(),
+            **decided,
         )
         return cls(data)
 
@@ -180,6 +174,21 @@ class Report:
         with TextFiles() as files:
             files.write(path, text)
             files.place()
+
+
+def conversion_fields(options, conversion, validation=None, searched=None) -> dict[str, Any]:
+    """The :func:`build_report` arguments a conversion's results decide:
+    ``options`` (the ConvertOptions asked for; the level auto where
+    ``searched``, the auto search), the timings, the exit code and the search."""
+    timings = dict(conversion.timings)
+    if validation is not None:
+        timings["validate"] = validation.seconds
+    return {
+        "options": {**options.as_dict(), "level": "auto" if searched else options.effective_level},
+        "timings": {"auto_search": searched.seconds} if searched is not None else timings,
+        "exit_code": 0 if validation is None or validation.passed else 1,
+        "auto": None if searched is None else searched.as_dict(),
+    }
 
 
 def _main_nodes(conversion) -> int:

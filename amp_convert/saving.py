@@ -222,6 +222,13 @@ def atomic_path(target: str | os.PathLike, meanwhile: Callable[[], None] | None 
                     tmp_path.unlink()
 
 
+def writes_external(mode: str, has_external: bool, size: int) -> bool:
+    """Whether a model is written with external data under ``mode``
+    (always, never, auto: where it read tensors from data files or is
+    over protobuf's 2 GiB)."""
+    return mode == "always" or (mode == "auto" and (has_external or size > PROTOBUF_LIMIT))
+
+
 def save_model(
     model: onnx.ModelProto,
     path: str | os.PathLike,

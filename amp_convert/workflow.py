@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from .blame import run_failures
 from .errors import AmpError, ConversionError, UsageError
-from .external import PROTOBUF_LIMIT
 from .load import remember_inputs
 from .options import AutoOptions, ConvertOptions, OutputOptions, ValidationOptions
 from .report import Report
@@ -217,8 +216,8 @@ class _Conversion:
         from .check import check_file
         from .external import payload
         from .load import check_input_model
-        from .report import build_report
-        from .saving import TextFiles, save_model
+        from .report import build_report, conversion_fields
+        from .saving import TextFiles, save_model, writes_external
 
         o, output = self.outputs, self.output
         passed = validated is None or validated.passed
@@ -228,12 +227,7 @@ class _Conversion:
         one_file = write and not self.input_external and o.external_data != "always"
         measured = payload(result.model, may_be_external=not one_file)
         size_after = measured.total
-        timings = dict(result.timings)
-        if validated is not None:
-            timings["validate"] = validated.seconds
         searched = self.searched
-        if searched is not None:
-            timings = {"auto_search": searched.seconds}
         report_of = partial(
             build_report,
             command="convert",
@@ -241,14 +235,11 @@ class _Conversion:
             model_nodes=self.node_count,
             output_path=output,
             written=write,
-            options={**self.options.as_dict(), "level": "auto" if searched else self.options.effective_level},
             conversion=result,
             validation=validated,
             inputs=None if self.source is None else self.source.describe(),
-            timings=timings,
             size_before=self.size_before,
-            exit_code=0 if passed else 1,
-            auto=None if searched is None else searched.as_dict(),
+            **conversion_fields(self.options, result, validated, searched),
         )
         made: list[dict] = []
         with TextFiles() as side_files:
@@ -262,8 +253,7 @@ class _Conversion:
                 write_reports_to(side_files, Report(made[0]), o)
 
             if write:
-                mode = o.external_data
-                external = mode == "always" or (mode == "auto" and (self.input_external or size_after > PROTOBUF_LIMIT))
+                external = writes_external(o.external_data, self.input_external, size_after)
                 deferred = result.check_deferred
                 # Written as the bytes measured, the file's size is known; else it is read off the written files.
                 exact = not external and measured.serialized is not None
