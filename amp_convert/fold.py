@@ -81,6 +81,8 @@ class FoldBatchNormalization:
         """Fold what the rules allow in ``model`` (in place); say what."""
         graph = model.graph
         nodes = list(graph.node)
+        if not any(n.op_type == "BatchNormalization" for n in nodes):  # (the index below costs more than the scan)
+            return FoldResult(False)
         labels = NodeLabels([n.name for n in nodes], [n.op_type for n in nodes])
         ir_before_4 = model.ir_version < 4
         inputs = {v.name for v in graph.input}

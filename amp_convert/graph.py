@@ -289,8 +289,10 @@ def attribute_subgraphs(attributes: Iterable[onnx.AttributeProto]) -> Iterator[t
 
 def nested_graphs(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.GraphProto]:
     """The graphs nested in ``nodes``' attributes, at any depth, each before
-    those nested in it."""
+    those nested in it (in nodes the checker passed: see :func:`may_nest`)."""
     for node in nodes:
+        if not may_nest(node):
+            continue
         for _, graph in node_subgraphs(node):
             yield graph
             yield from nested_graphs(graph.node)
