@@ -30,9 +30,10 @@ from .calibrate import Calibration
 from .check import check_converted
 from .graph import NodeLabels
 from .inputs import InputSource
+from .op_rules import fp32_by_lists
 from .options import ConvertOptions
 from .pipeline import ConversionResult, convert
-from .plan import Plan, Precision, fp32_by_lists
+from .plan import Plan, Precision
 from .validation import ValidationConfig, ValidationResult, Validator
 
 

@@ -75,7 +75,8 @@ from onnx import helper
 
 from .graph import GraphContext, build_context, graph_initializers, node_subgraphs
 from .lists import OpLists
-from .plan import Plan, Precision, fp32_by_lists
+from .op_rules import fp32_by_lists
+from .plan import Plan, Precision
 
 # The causes, in the order a report lists them when their shares tie.
 CAUSES = ("unknown-type", "custom-op", "schema", "kernel", "safety")

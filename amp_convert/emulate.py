@@ -24,20 +24,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, inliner, numpy_helper
 
+from .calls import bind, called_bodies, local_functions
 from .dtypes import LOW_DTYPES
 from .errors import AmpError
 from .external import read_array
-from .graph import (
-    GraphContext,
-    NameGenerator,
-    attribute_subgraphs,
-    bind,
-    build_context,
-    called_bodies,
-    local_functions,
-    name_in_use,
-    nested_graphs,
-)
+from .graph import GraphContext, NameGenerator, attribute_subgraphs, build_context, name_in_use, nested_graphs
 from .lists import CONTAINER_TYPE_ATTRIBUTE_OPS, DTYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
 from .schema import is_default_domain, model_opsets, opset_domain, signature
 from .typeinfo import element_type, infer_types

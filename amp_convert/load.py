@@ -22,10 +22,11 @@ import onnx
 import onnx.defs
 import onnx.shape_inference
 
+from .calls import Call, Subgraph, local_functions, reached_calls
 from .domains import declare_domains
 from .errors import InputError
 from .external import all_tensors, attribute_tensors, element_count, external_info, inline_external
-from .graph import Call, NodeLabels, Subgraph, local_functions, reached_calls
+from .graph import NodeLabels
 from .ortschema import check_with_extras
 from .schema import model_opsets
 

@@ -26,13 +26,17 @@ from .errors import ConversionError, UsageError
 from .external import has_external, is_external
 from .fold import FoldBatchNormalization
 from .graph import GraphContext, NameGenerator, build_context, name_in_use, names_repeat_across_graphs
+from .graph_edit import declare_initializers
 from .lists import BATCHNORM, ORT_FUSED
 from .load import check_calls, check_input_model, check_versions, load_model
+from .lower_values import RewriteStats
+from .op_rules import fp32_by_lists
 from .opset import check_target_opset, upgrade_opset
 from .options import ConvertOptions, with_fields
 from .ortinfer import session_types
-from .plan import Plan, fp32_by_lists, make_plan
-from .rewrite import Rewriter, RewriteStats, declare_initializers
+from .plan import Plan
+from .planner import make_plan
+from .rewrite import Rewriter
 from .safety import ConstantRanges
 from .schema import model_opsets, op_key, opset_domain, signature
 from .typeinfo import declared_type, infer_types

@@ -18,248 +18,31 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from itertools import chain, repeat
-from operator import is_not
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .demand import Demand
 from .dtypes import FLOAT, TYPE_STR_TO_ELEM, LowDtype
-from .external import is_external, read_array, retype_external
-from .graph import UNTYPED, GraphContext, NameGenerator, node_subgraphs, sort_nodes
+from .external import is_external, read_array
+from .graph import GraphContext, NameGenerator
+from .graph_edit import cast_node, place_nodes, rename_reads, set_int_attribute
 from .lists import DTYPE_AGNOSTIC_INPUTS, DTYPE_ATTRIBUTE_OPS, PASS_THROUGH_ATTRIBUTES, VALUE_ATTRIBUTE_OPS
-from .plan import Demand, Plan, Precision
+from .lower_values import RewriteStats, lower_small_tensors, lower_tensor, to_low_array
+from .plan import Plan, Precision
+from .rewrite_targets import REWRITTEN_OPS, constant_writes, nodes_to_visit, slot_reads
 from .safety import (
     ConstantRanges,
-    ValueStats,
     attribute_constant,
     constant_array,
     held_constant,
-    raw_float32,
-    segment_counts,
     small_raw,
     unused_values,
     value_stats,
 )
 from .schema import is_default_domain
-
-
-@dataclass
-class RewriteStats:
-    """What the rewrite did, for the report."""
-
-    casts_inserted: int = 0
-    initializers_lowered: int = 0
-    initializers_shared: int = 0  # kept fp32 because fp32 and low readers share them
-    constants_lowered: int = 0
-    attributes_rewritten: int = 0
-    outputs_renamed: list[str] = field(default_factory=list)
-    clipped: dict[str, int] = field(default_factory=dict)  # constant -> values clipped to +-max
-    flushed: dict[str, int] = field(default_factory=dict)  # constant -> non-zero values that became 0
-
-    def as_dict(self) -> dict:
-        return {
-            "casts_inserted": self.casts_inserted,
-            "initializers_lowered": self.initializers_lowered,
-            "initializers_shared": self.initializers_shared,
-            "constants_lowered": self.constants_lowered,
-            "attributes_rewritten": self.attributes_rewritten,
-            "outputs_renamed": self.outputs_renamed,
-            "values_clipped": sum(self.clipped.values()),
-            "values_flushed_to_zero": sum(self.flushed.values()),
-            "clipped": self.clipped,
-            "flushed": self.flushed,
-        }
-
-
-def to_low_array(array: np.ndarray, low: LowDtype, name: str, stats: RewriteStats) -> np.ndarray:
-    """Convert float32 values to ``low``, clipping out-of-range values and
-    counting both clipped and flushed values."""
-    a = np.asarray(array, dtype=np.float32)
-    if a.size == 0:
-        return a.astype(low.numpy)
-    magnitude = np.abs(a)
-    not_nan = ~np.isnan(magnitude)  # NaN stays NaN; it must not hide the other values from the checks
-    if np.max(magnitude, initial=0.0, where=not_nan) > low.max:
-        over = np.isfinite(a) & (magnitude > low.max)
-        n_over = int(np.count_nonzero(over))
-        if n_over:
-            a = np.where(over, np.sign(a) * np.float32(low.max), a)
-            stats.clipped[name] = stats.clipped.get(name, 0) + n_over
-    out = a.astype(low.numpy)
-    if np.min(magnitude, initial=np.inf, where=not_nan) < low.tiny:  # only then can a value flush to zero
-        candidates = (magnitude < low.tiny) & (a != 0)  # (few: look at their converted values only)
-        n_flushed = int(np.count_nonzero(out.reshape(-1)[candidates.reshape(-1)] == 0))
-        if n_flushed:
-            stats.flushed[name] = stats.flushed.get(name, 0) + n_flushed
-    return out
-
-
-def lower_tensor(
-    tensor: onnx.TensorProto,
-    low: LowDtype,
-    stats: RewriteStats,
-    label: str = "",
-    base_dir: Path | None = None,
-    values: ValueStats | None = None,
-) -> None:
-    """Rewrite a float32 TensorProto in place as ``low`` (same name). An
-    external tensor with nothing to clip is only retyped: its values are
-    converted as the model is written (``values``: its statistics, when
-    known; they count what flushes to zero). One with values to clip is
-    read, clipped and stored inline at half the size."""
-    if tensor.data_location == onnx.TensorProto.EXTERNAL:
-        if base_dir is None:
-            raise ValueError(f"tensor {tensor.name!r} has external data but the model's folder is unknown")
-        known = values or value_stats(read_array(tensor, base_dir))
-        if known.abs_max <= low.max:
-            if known.underflow(low):
-                name = label or tensor.name
-                stats.flushed[name] = stats.flushed.get(name, 0) + known.underflow(low)
-            retype_external(tensor, low.onnx_type)
-            return
-        converted = to_low_array(read_array(tensor, base_dir), low, label or tensor.name, stats)
-        del tensor.external_data[:]
-        tensor.data_location = onnx.TensorProto.DEFAULT
-        tensor.raw_data = converted.tobytes()
-        tensor.data_type = low.onnx_type
-        return
-    if tensor.raw_data:
-        # Fast path: raw little-endian float32 in, raw low-precision bytes out.
-        tensor.raw_data = to_low_array(raw_float32(tensor), low, label or tensor.name, stats).tobytes()
-        tensor.data_type = low.onnx_type
-        return
-    converted = to_low_array(numpy_helper.to_array(tensor), low, label or tensor.name, stats)
-    new = numpy_helper.from_array(converted, tensor.name)
-    new.doc_string = tensor.doc_string
-    tensor.CopyFrom(new)
-
-
-def lower_small_tensors(
-    tensors: list[onnx.TensorProto],
-    low: LowDtype,
-    stats: RewriteStats,
-    labels: list[str] | None = None,
-    blobs: list[bytes] | None = None,
-) -> None:
-    """:func:`lower_tensor` for many small raw float32 tensors in one numpy
-    pass: graphs with tens of thousands of small weights would otherwise pay
-    numpy's per-call overhead for each. Values out of range (rare) send the
-    batch through the tensor-by-tensor path, which clips and counts them.
-    ``labels``: the names counts are reported under (default: the tensors');
-    ``blobs``: their raw bytes, when the caller has read them."""
-    if not tensors:
-        return
-    labels = labels or [t.name for t in tensors]
-    blobs = blobs or [t.raw_data for t in tensors]
-    flat = np.frombuffer(b"".join(blobs), dtype="<f4")  # (one array: one per small tensor costs more than its values)
-    if not np.maximum(flat.max(), -flat.min()) <= low.max:  # (also true for NaN; no array of absolute values)
-        for t, label in zip(tensors, labels, strict=True):
-            lower_tensor(t, low, stats, label)
-        return
-    out = flat.astype(low.numpy)
-    sizes = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs)) // 4
-    ends = np.cumsum(sizes)
-    for k, n in segment_counts((flat != 0) & (out == 0), ends - sizes).items():
-        stats.flushed[labels[k]] = stats.flushed.get(labels[k], 0) + n
-    data = out.tobytes()
-    width = out.itemsize
-    start = 0
-    for t, end in zip(tensors, ends.tolist(), strict=True):
-        t.raw_data = data[start * width : end * width]
-        t.data_type = low.onnx_type
-        start = end
-
-
-# Ops whose attributes fix their output type, or hold a value they pass on:
-# rewritten when they run low.
-REWRITTEN_OPS = frozenset(DTYPE_ATTRIBUTE_OPS) | VALUE_ATTRIBUTE_OPS | PASS_THROUGH_ATTRIBUTES.keys()
-_LOW, _UNCHANGED = Precision.LOW, Precision.UNCHANGED
-_RETYPED = -3  # (a float32 tensor the rewrite made low)
-_MASK_SLOTS = 62  # input slots a bit mask holds; a later slot is always looked at
-_AGNOSTIC_MASKS = {op: sum(1 << s for s in slots) for op, slots in DTYPE_AGNOSTIC_INPUTS.items()}
-
-
-class _SlotMasks(dict):
-    """Slot tuple -> bit mask (made on first use: a graph repeats a few)."""
-
-    def __missing__(self, slots: tuple[int, ...]) -> int:
-        mask = self[slots] = sum(1 << s for s in slots if s < _MASK_SLOTS)
-        return mask
-
-
-@dataclass
-class _SlotReads:
-    """For every input slot of a graph (its :meth:`GraphContext.input_slots`
-    order): whether its node reads it low under the plan, and whether the
-    read is dtype-agnostic (by op, as the rewrite's loop skips it). Slots past
-    ``_MASK_SLOTS`` are ``odd``: the masks cannot say; they are looked at
-    one by one."""
-
-    low: np.ndarray
-    agnostic: np.ndarray
-    odd: np.ndarray
-
-
-def _constant_writes(ctx: GraphContext, name: str) -> bool:
-    """Whether a constant-making node of ``ctx`` writes ``name``."""
-    i = ctx.producer.get(name)
-    return i is not None and ctx.ops[i] in VALUE_ATTRIBUTE_OPS
-
-
-def _slot_reads(ctx: GraphContext, low_inputs: list[tuple[int, ...]]) -> _SlotReads:
-    """``low_inputs``: each node's low input slots (empty unless it runs low)."""
-    table = ctx.input_slots()
-    node, slot, n = table.node, table.slot, len(ctx.ins)
-    masks = _SlotMasks()
-    low_masks = np.fromiter(map(masks.__getitem__, low_inputs), np.int64, n)
-    agnostic_masks = np.fromiter(map(_AGNOSTIC_MASKS.get, ctx.ops, repeat(0)), np.int64, n)
-    bit = np.left_shift(1, np.minimum(slot, _MASK_SLOTS))
-    return _SlotReads((low_masks[node] & bit) != 0, (agnostic_masks[node] & bit) != 0, slot >= _MASK_SLOTS)
-
-
-def _nodes_to_visit(
-    ctx: GraphContext,
-    precision: list[Precision],
-    reads: _SlotReads,
-    changed: dict[str, int],
-    output_producers: set[int],
-) -> list[int]:
-    """The nodes the rewrite must look at, in graph order: those with an
-    input whose tensor may not have the type the node reads it in, control
-    flow, low ops whose attributes change, and graph outputs' producers (and
-    readers). ``changed``: the tensors retyped low so far (float32 graph
-    inputs, initializers, low nodes' outputs). On a large graph most nodes
-    read what they need as it is: one lookup per input and a few array
-    operations find the others, where the rewrite's loop would look at every
-    input. Conservative: an input whose type or scope the arrays do not
-    settle is looked at."""
-    keep_all = bool(ctx.subgraphs)  # (with bodies to rewrite, even nodes without float32 are looked at)
-    always = {i for i in output_producers if keep_all or precision[i] is not _UNCHANGED}
-    always.update(ctx.subgraphs)
-    always.update(i for i, op in enumerate(ctx.ops) if op in REWRITTEN_OPS and precision[i] is _LOW)
-    for name in ctx.output_names:  # (its producer may rename it: its readers then need the Cast's)
-        always.update(j for j, _ in ctx.readers(name))
-    table = ctx.input_slots()
-    flat, node = table.names, table.node
-    if not flat:
-        return sorted(always)
-    n, count = len(ctx.ins), len(flat)
-    # Each input's tensor: its type, or _RETYPED if it was float32 and is low now.
-    t = ctx.input_types().copy()
-    t[ctx.tensors().slots_in(changed)] = _RETYPED
-    look = np.where(reads.low, t == FLOAT, t == _RETYPED)  # read low but float32, or read float32 but now low
-    look |= (t == UNTYPED) | reads.odd
-    if ctx.parent is not None:
-        look |= ~np.fromiter(map(ctx.defines, flat), bool, count)  # (an outer value: its versions live there)
-    look &= ~reads.agnostic
-    if not keep_all:
-        look &= np.fromiter(map(is_not, precision, repeat(_UNCHANGED)), bool, n)[node]
-    always.update(np.unique(node[look]).tolist())
-    return sorted(always)
 
 
 class Rewriter:
@@ -313,7 +96,7 @@ class Rewriter:
         name is forgotten only where each graph's constant of that name is
         unused (else what a used one lost would go unsaid)."""
         for name in {name for _, name in self._unused_low}:
-            holders = [c.path for c in root.walk() if name in c.initializers or _constant_writes(c, name)]
+            holders = [c.path for c in root.walk() if name in c.initializers or constant_writes(c, name)]
             if all((path, name) in self._unused_low for path in holders):
                 self.stats.clipped.pop(name, None)
                 self.stats.flushed.pop(name, None)
@@ -338,7 +121,7 @@ class Rewriter:
         batch: list[tuple[onnx.TensorProto, str, bytes]] = []  # small raw ones the facts do not hold, lowered in one pass
         types = ctx.types
         precision, low_ins, low_outs = self.plan.entries[ctx.path].columns()
-        reads = _slot_reads(ctx, low_ins)
+        reads = slot_reads(ctx, low_ins)
         floats = [name for name in ctx.initializers if types.get(name) == FLOAT]  # (its data type, without reading the proto)
         if self.ranges is not None:  # (gathered by the planner unless its safety rule was off)
             self.ranges.gather(ctx, self.low)
@@ -363,7 +146,7 @@ class Rewriter:
         changed.update(dict.fromkeys(low_outputs, low))
         output_producers = {ctx.producer[n] for n in ctx.output_names if n in ctx.producer}
         is_main = ctx.parent is None
-        for i in _nodes_to_visit(ctx, precision, reads, changed, output_producers):
+        for i in nodes_to_visit(ctx, precision, reads, changed, output_producers):
             low_inputs = low_ins[i]
             agnostic = DTYPE_AGNOSTIC_INPUTS.get(ops[i], ())
             for slot, name in enumerate(ins[i]):
@@ -384,7 +167,7 @@ class Rewriter:
             if subgraphs:
                 for sub in subgraphs.get(i, ()):
                     self._rewrite_graph(sub)
-            if precision[i] is _LOW and ops[i] in REWRITTEN_OPS:
+            if precision[i] is Precision.LOW and ops[i] in REWRITTEN_OPS:
                 self._lower_node(ctx.nodes[i], ctx.path)
             if i in output_producers:
                 self._fix_graph_outputs(ctx, i, ctx.nodes[i], changed, after)
@@ -423,7 +206,7 @@ class Rewriter:
         if self.ranges is not None:
             self.ranges.drop_values(ctx.path)
         if top or after:
-            _place(ctx, top, after)
+            place_nodes(ctx, top, after)
 
     def _share_low(self, ctx: GraphContext, name: str, versions: dict[str, dict[int, str]]) -> None:
         """An initializer read fp32 and low stays fp32; its low readers get a
@@ -559,7 +342,7 @@ class Rewriter:
             tensor.name = own = self.names(name)
             self.retyped[own] = self._final_type(body, name)
             renamed.add((body.path, name))
-            _rename_reads(body.graph, name, own)
+            rename_reads(body.graph, name, own)
 
     def _final_type(self, ctx: GraphContext, name: str) -> int:
         """The element type of ``name``, defined in ``ctx``, once rewritten."""
@@ -659,7 +442,7 @@ class Rewriter:
         op = node.op_type
         low = self.low.onnx_type
         if op in DTYPE_ATTRIBUTE_OPS:
-            _set_int_attr(node, DTYPE_ATTRIBUTE_OPS[op], low)
+            set_int_attribute(node, DTYPE_ATTRIBUTE_OPS[op], low)
             self.stats.attributes_rewritten += 1
         elif op == "Constant":
             self._lower_constant(node, scope)
@@ -706,68 +489,9 @@ class Rewriter:
             return
 
 
-def declare_initializers(root: GraphContext) -> None:
-    """Before IR version 4 every initializer is also a graph input of its
-    type: the initializers the rewrite added get one, and the inputs of
-    those it retyped take the new type."""
-    for ctx in root.walk():
-        graph = ctx.graph
-        declared = {v.name: v for v in graph.input}
-        for tensor in graph.initializer:
-            v = declared.get(tensor.name)
-            if v is None:
-                graph.input.append(helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
-            elif v.type.HasField("tensor_type") and v.type.tensor_type.elem_type != tensor.data_type:
-                v.type.tensor_type.elem_type = tensor.data_type
-
-
-def _place(ctx: GraphContext, top: list[onnx.NodeProto], after: dict[int, list[onnx.NodeProto]]) -> None:
-    """Put the nodes ``top`` first and ``after[i]`` right after node ``i``,
-    keeping the order topological."""
-    container = ctx.graph.node
-    places = [-1.0] * len(top)
-    added = list(top)
-    for i, nodes in after.items():
-        places.extend(i + k / (len(nodes) + 1) for k in range(1, len(nodes) + 1))
-        added.extend(nodes)
-    # Appended, then sorted into place: sorting moves the nodes; writing the list anew would copy every one of them.
-    n = len(container)
-    container.extend(added)
-    sort_nodes(container, [*range(n), *places])  # (one per original node, one per node added)
-
-
-def cast_node(source: str, target: str, to: int, name: str) -> onnx.NodeProto:
-    """A Cast of ``source`` to element type ``to``, writing ``target``."""
-    return helper.make_node("Cast", [source], [target], name=name, to=to)
-
-
 def _outer_scope(ctx: GraphContext, name: str) -> GraphContext | None:
     """The innermost graph outside ``ctx`` that defines ``name``."""
     return ctx.parent.scope_of(name) if ctx.parent is not None else None
-
-
-def _rename_reads(graph: onnx.GraphProto, old: str, new: str) -> None:
-    """``graph``'s reads of ``old`` read ``new``: its nodes', its bodies'
-    that do not define ``old`` themselves, and its outputs and value_info name it."""
-    for node in graph.node:
-        for k, name in enumerate(node.input):
-            if name == old:
-                node.input[k] = new
-        for _, body in node_subgraphs(node):
-            defined = chain(body.input, body.initializer, (t.values for t in body.sparse_initializer))
-            if not any(v.name == old for v in defined) and all(old not in n.output for n in body.node):
-                _rename_reads(body, old, new)
-    for value in chain(graph.output, graph.value_info):
-        if value.name == old:
-            value.name = new
-
-
-def _set_int_attr(node: onnx.NodeProto, name: str, value: int) -> None:
-    for a in node.attribute:
-        if a.name == name:
-            a.i = value
-            return
-    node.attribute.append(helper.make_attribute(name, value))
 
 
 _SHORT_NAMES = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16"}

@@ -110,7 +110,7 @@ def test_the_rewrite_visiting_only_filtered_nodes_writes_what_visiting_every_nod
         original = RULE_GRAPHS[name]() if name in RULE_GRAPHS else onnx.load(str(ZOO / f"{name[4:]}.onnx"))
     settings = [(level, dtype, io) for level in ("O1", "O2", "O3") for dtype in ("fp16", "bf16") for io in ("keep", "low")]
     filtered = [convert(original, level=lv, dtype=dt, io_types=io, check="none").model for lv, dt, io in settings]
-    monkeypatch.setattr(rewrite, "_nodes_to_visit", lambda ctx, *_: list(range(len(ctx.ins))))
+    monkeypatch.setattr(rewrite, "nodes_to_visit", lambda ctx, *_: list(range(len(ctx.ins))))
     for (level, dtype, io), converted in zip(settings, filtered, strict=True):
         every = convert(original, level=level, dtype=dtype, io_types=io, check="none").model
         assert converted.SerializeToString(deterministic=True) == every.SerializeToString(deterministic=True), (level, dtype, io)
