@@ -392,7 +392,7 @@ def validate_models(
 
 def validation_config(options: ValidationOptions, dtype: str, per_node: bool | None, target_provider: str):
     """The validator's :class:`~amp_convert.validation.ValidationConfig` for ``options``."""
-    from .metrics import output_tolerances, run_tolerance
+    from .tolerance import output_tolerances, run_tolerance
     from .validation import ValidationConfig
 
     return ValidationConfig(

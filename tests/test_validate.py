@@ -25,9 +25,10 @@ from amp_convert import convert, runner
 from amp_convert.emulate import emulation_twin
 from amp_convert.errors import LoadFailure
 from amp_convert.inputs import make_source
-from amp_convert.metrics import DEFAULT_TOLERANCES, ErrorStats, Tolerance
+from amp_convert.metrics import ErrorStats
 from amp_convert.report import html_report, report_schema, terminal_table
 from amp_convert.runner import runnable
+from amp_convert.tolerance import DEFAULT_TOLERANCES, Tolerance
 from amp_convert.validation import ValidationConfig, validate
 from models.zoo_inputs import load_manifest, make_inputs
 
@@ -1324,11 +1325,11 @@ def test_a_logit_near_zero_in_the_samples_is_no_part_of_another_scale():
     result = validate(m, out, make_source(m, samples=2), ValidationConfig(per_node=False))
     [metrics] = result.outputs
     assert result.passed
-    scales, errors = metrics._axes[2]
+    scales, errors = metrics.axis_scales.kept[2]
     assert scales[7] < 1e-4 < 0.01 < errors[7]  # (token 7: about 0 in fp32, off by the head's rounding)
     assert metrics.warnings(result.tolerance) == []
     more = validate(m, out, make_source(m, samples=8), ValidationConfig(per_node=False))
-    assert more.passed and more.outputs[0]._axes[2][0][7] > 0.1 * more.outputs[0].max_abs_ref
+    assert more.passed and more.outputs[0].axis_scales.kept[2][0][7] > 0.1 * more.outputs[0].max_abs_ref
     assert more.outputs[0].warnings(more.tolerance) == []
 
 
@@ -1461,7 +1462,8 @@ def test_a_constant_ranks_by_the_error_it_brings_to_its_readers_not_its_own(tmp_
 
 def test_a_failing_output_says_how_many_values_are_over_the_limit_and_its_top1_agreement():
     """Two values far off among 40,000 read differently from all of them."""
-    from amp_convert.metrics import DEFAULT_TOLERANCES, ErrorStats
+    from amp_convert.metrics import ErrorStats
+    from amp_convert.tolerance import DEFAULT_TOLERANCES
 
     tol = DEFAULT_TOLERANCES["fp16"]
     rng = np.random.default_rng(0)
