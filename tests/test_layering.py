@@ -59,7 +59,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     ),
     "workflow": ("pipeline", "auto", "workflow"),
     "api": ("api", "mindspore"),
-    "cli": ("cli", "__main__"),
+    "cli": ("cli", "cli_config", "cli_options", "cli_output", "cli_params", "__main__"),
 }
 RANK = {module: rank for rank, modules in enumerate(LAYERS.values()) for module in modules}
 
