@@ -16,7 +16,7 @@ from .lists import ORT_QUANTIZED_OPS, OpLists
 
 def echo_summary(run, model: Path) -> None:
     """What the conversion did, after the report: clipping, hints, the coverage warning, one summary line."""
-    from .report import clipping_summary
+    from .report_text import clipping_summary
 
     report, result = run.report.data, run.conversion
     clipping = clipping_summary(report)

@@ -20,7 +20,9 @@ from amp_convert.errors import AmpError
 from amp_convert.inputs import make_source
 from amp_convert.metrics import ErrorStats
 from amp_convert.options import ERROR_STATS
-from amp_convert.report import html_report, report_schema, terminal_table
+from amp_convert.report import report_schema
+from amp_convert.report_html import html_report
+from amp_convert.report_text import terminal_table
 from amp_convert.tolerance import Tolerance, parse_tolerances
 
 ROWS, COLS = 64, 16

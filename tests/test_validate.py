@@ -26,7 +26,9 @@ from amp_convert.emulate import emulation_twin
 from amp_convert.errors import LoadFailure
 from amp_convert.inputs import make_source
 from amp_convert.metrics import ErrorStats
-from amp_convert.report import html_report, report_schema, terminal_table
+from amp_convert.report import report_schema
+from amp_convert.report_html import html_report
+from amp_convert.report_text import terminal_table
 from amp_convert.runner import runnable
 from amp_convert.tolerance import DEFAULT_TOLERANCES, Tolerance
 from amp_convert.validation import ValidationConfig, validate
@@ -1034,14 +1036,14 @@ def test_equal_outputs_have_a_cosine_of_exactly_one():
 def test_an_infinite_snr_is_shown_with_its_sign():
     """JSON holds an infinite SNR as null; shown, a reference of zeros
     against a candidate that is not is -inf, not the +inf of equal outputs."""
-    from amp_convert.report import _snr
+    from amp_convert.report_cells import snr
 
     zeros, tiny = np.zeros(8, np.float32), np.full(8, 1e-4, np.float32)
     apart, equal = ErrorStats("y"), ErrorStats("y")
     apart.update(zeros, tiny)
     equal.update(tiny, tiny.copy())
     assert apart.as_dict()["snr_db"] is None and equal.as_dict()["snr_db"] is None
-    assert _snr(apart.as_dict()) == "-inf" and _snr(equal.as_dict()) == "inf"
+    assert snr(apart.as_dict()) == "-inf" and snr(equal.as_dict()) == "inf"
 
 
 def test_an_integer_output_of_another_shape_is_reported_as_exact():
