@@ -43,6 +43,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "input_specs",
         "inputs",
         "load",
+        "macs",
         "metrics",
         "mixed_scales",
         "opset",
