@@ -26,8 +26,9 @@ from .errors import ConversionError, UsageError
 from .external import has_external, is_external
 from .fold import FoldBatchNormalization
 from .graph import GraphContext, NameGenerator, build_context, name_in_use, names_repeat_across_graphs
-from .lists import BATCHNORM, ORT_FUSED
+from .lists import BATCHNORM
 from .load import check_calls, check_input_model, check_versions, load_model
+from .op_profiles import ORT_FUSED
 from .opset import check_target_opset, upgrade_opset
 from .options import ConvertOptions, with_fields
 from .ortinfer import session_types

@@ -22,6 +22,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "graph",
         "kernels",
         "lists",
+        "op_profiles",
         "options",
         "order_stats",
         "ortschema",
