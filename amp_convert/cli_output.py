@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from .cli_params import spelled_as_flags
 from .lists import ORT_QUANTIZED_OPS, OpLists
 
 
@@ -59,7 +60,10 @@ def hooks(kw: dict, on_stage: Callable[[str], None] | None = None):
         with click.progressbar(length=count or 1, label="validating", file=sys.stderr) as bar:
             yield bar.update
 
-    return Hooks(inputs=click.echo, stage=on_stage, trial=trial, validating=validating if sys.stderr.isatty() else None)
+    def announce(line: str) -> None:  # (the library names fields: `input_shape` -> --input-shape)
+        click.echo(spelled_as_flags(line, click.get_current_context().command))
+
+    return Hooks(inputs=announce, stage=on_stage, trial=trial, validating=validating if sys.stderr.isatty() else None)
 
 
 @contextlib.contextmanager

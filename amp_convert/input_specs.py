@@ -35,7 +35,7 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
             continue
         if v.type.WhichOneof("value") != "tensor_type":
             raise AmpError(
-                f"input {v.name!r} is not a tensor (a sequence, map or optional): validation cannot feed it; use --no-validate"
+                f"input {v.name!r} is not a tensor (a sequence, map or optional): validation cannot feed it; use `validate` false"
             )
         t = v.type.tensor_type
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type))
@@ -70,7 +70,7 @@ def parse_shapes(values: Sequence[str]) -> dict[str, tuple[int, ...]]:
             if any(d < 0 for d in shape):
                 raise ValueError
         except ValueError:
-            raise AmpError(f"--input-shape {v!r}: expected NAME=1x3x224x224") from None
+            raise AmpError(f"`input_shape` {v!r}: expected NAME=1x3x224x224") from None
         out[name] = shape
     return out
 
@@ -88,15 +88,15 @@ def parse_ranges(values: Sequence[str]) -> dict[str, tuple[float, float]]:
             if not (low < high and math.isfinite(low) and math.isfinite(high)):
                 raise ValueError
         except ValueError:
-            raise AmpError(f"--input-range {v!r}: expected NAME=LOW:HIGH with finite LOW < HIGH") from None
+            raise AmpError(f"`input_range` {v!r}: expected NAME=LOW:HIGH with finite LOW < HIGH") from None
         out[name] = (low, high)
     return out
 
 
 def check_given(specs: list[InputSpec], shape_map: dict[str, tuple[int, ...]], range_map: dict[str, tuple[float, float]]) -> None:
-    """--input-shape and --input-range name inputs of the model; a shape fits its input's."""
+    """``input_shape`` and ``input_range`` name inputs of the model; a shape fits its input's."""
     names = {s.name for s in specs}
-    for option, given in (("--input-shape", shape_map), ("--input-range", range_map)):
+    for option, given in (("`input_shape`", shape_map), ("`input_range`", range_map)):
         for name in given:
             if name not in names:
                 raise AmpError(f"{option}: {name!r} is not an input of the model (inputs: {', '.join(sorted(names))})")
@@ -104,7 +104,7 @@ def check_given(specs: list[InputSpec], shape_map: dict[str, tuple[int, ...]], r
         if spec.name in shape_map:
             shape = shape_map[spec.name]
             if spec.ranked and len(shape) != len(spec.shape):
-                raise AmpError(f"--input-shape {spec.name}: rank {len(shape)}, the model expects {shape_text(spec.shape)}")
+                raise AmpError(f"`input_shape` {spec.name}: rank {len(shape)}, the model expects {shape_text(spec.shape)}")
             for got, want in zip(shape, spec.shape, strict=False):
                 if isinstance(want, int) and got != want:
-                    raise AmpError(f"--input-shape {spec.name}: {list(shape)} does not fit {shape_text(spec.shape)}")
+                    raise AmpError(f"`input_shape` {spec.name}: {list(shape)} does not fit {shape_text(spec.shape)}")

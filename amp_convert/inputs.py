@@ -40,7 +40,7 @@ class InputSource:
     samples: int = 2
     seed: int = 0
     notes: list[str] = field(default_factory=list)
-    flag: str = "--inputs"  # the option the files came from, for messages
+    option: str = "inputs"  # the field the files came from (inputs, calibration), for messages
     dynamic: list[str] = field(default_factory=list)  # generated inputs with dynamic dimensions no option set
     roles: dict[str, InputRole] = field(default_factory=dict)  # integer inputs' roles (input_roles.py), for generating them
     # The default lengths of dynamic dimensions no option sets (see choose_lengths; the rest are 1)
@@ -51,15 +51,15 @@ class InputSource:
         the user's own; generated ones follow what the options said, 1 for a
         dimension they did not, values in a default range."""
         if self.files:
-            return f" (on the samples of {self.flag})"
+            return f" (on the samples of `{self.option}`)"
         if self.dynamic:
             return (
                 f" (on generated inputs: the dynamic dimensions of {', '.join(self.dynamic)} were set to "
                 f"{self.lengths.text() or '1'}; "
-                "give real shapes with --input-shape NAME=DIMS (and value ranges with --input-range NAME=LOW:HIGH), "
-                "or samples with --inputs)"
+                "give real shapes with `input_shape` NAME=DIMS (and value ranges with `input_range` NAME=LOW:HIGH), "
+                "or samples with `inputs`)"
             )
-        return " (on generated random inputs: give value ranges with --input-range NAME=LOW:HIGH, or samples with --inputs)"
+        return " (on generated random inputs: give value ranges with `input_range` NAME=LOW:HIGH, or samples with `inputs`)"
 
     def describe(self) -> dict:
         if self.files:
@@ -84,7 +84,7 @@ class InputSource:
             role = self.roles.get(spec.name) if spec.name not in self.ranges else None
             if spec.name in self.ranges:
                 low, high = self.ranges[spec.name]
-                values, why = f"[{low:g}, {high:g})", "--input-range"
+                values, why = f"[{low:g}, {high:g})", "`input_range`"
             elif role is not None and role.kind == "mask":
                 values, why = "ones", f"a mask: {role.why}"
             elif role is not None and role.kind == "positions":
@@ -107,7 +107,7 @@ class InputSource:
         the dynamic dimensions set by default, and why they were not longer)."""
         parts = [f"{g['name']} {g['dtype']}[{'x'.join(map(str, g['shape']))}] {g['values']}" for g in self.generated()]
         dims = self.lengths.text()
-        how = f" ({dims}; --input-shape sets them)" if dims else ""
+        how = f" ({dims}; `input_shape` sets them)" if dims else ""
         note = f" ({self.lengths.note})" if self.lengths.note else ""
         return f"inputs: {self.samples} generated sample(s){how}: " + "; ".join(parts) + note
 
@@ -124,13 +124,13 @@ class InputSource:
         naming the option and the files: a run over no sample would judge nothing."""
         read = 0
         for path in self.files:
-            origin = f"{self.flag} {path}"
+            origin = f"`{self.option}` {path}"
             for sample in read_samples(path, origin):
                 read += 1
                 yield self.check(sample, origin)
         if not read:
-            purpose = "calibration" if self.flag == "--calibration" else "validation"
-            raise AmpError(f"no {purpose} samples in {self.flag} {', '.join(map(str, self.files))}")
+            purpose = "calibration" if self.option == "calibration" else "validation"
+            raise AmpError(f"no {purpose} samples in `{self.option}` {', '.join(map(str, self.files))}")
 
     def count(self) -> int | None:
         """Number of samples when known without reading the files."""
@@ -141,7 +141,7 @@ class InputSource:
         return None
 
     def _named_dims(self) -> dict[str, int]:
-        """Symbolic dimensions fixed by --input-shape, for the other inputs that
+        """Symbolic dimensions fixed by ``input_shape``, for the other inputs that
         share them (``batch``, ``sequence``: one value across inputs)."""
         named: dict[str, int] = {}
         for spec in self.specs:
@@ -153,8 +153,8 @@ class InputSource:
         return named
 
     def generated_shape(self, spec: InputSpec) -> tuple[int, ...]:
-        """The shape of ``spec``'s random samples: --input-shape, else the model's
-        dims with symbolic ones shared with another input's --input-shape, else
+        """The shape of ``spec``'s random samples: ``input_shape``, else the model's
+        dims with symbolic ones shared with another input's ``input_shape``, else
         the default lengths (a sequence's: ``lengths``), else 1."""
         given = self.shapes.get(spec.name)
         if given is not None:
@@ -190,16 +190,16 @@ class InputSource:
             first, end = math.ceil(low), math.ceil(high)  # integers in [LOW, HIGH)
             if not (info.min <= first < end <= info.max + 1):
                 raise AmpError(
-                    f"--input-range {spec.name}={low:g}:{high:g}: holds no {spec.dtype} value, "
+                    f"`input_range` {spec.name}={low:g}:{high:g}: holds no {spec.dtype} value, "
                     f"or goes beyond {spec.dtype}'s [{info.min}, {info.max}]"
                 )
             return rng.integers(first, end, size=shape, dtype=np.int64 if info.max < 2**63 else np.uint64).astype(spec.dtype)
         if is_float(spec.dtype):
             low, high = self.ranges.get(spec.name, DEFAULT_FLOAT_RANGE)
             if max(abs(low), abs(high)) > float(ml_dtypes.finfo(spec.dtype).max):
-                raise AmpError(f"--input-range {spec.name}={low:g}:{high:g}: beyond {spec.dtype}'s range")
+                raise AmpError(f"`input_range` {spec.name}={low:g}:{high:g}: beyond {spec.dtype}'s range")
             return rng.uniform(low, high, size=shape).astype(np.float32).astype(spec.dtype)
-        raise AmpError(f"input {spec.name!r}: cannot generate random {spec.dtype} data; give --inputs")
+        raise AmpError(f"input {spec.name!r}: cannot generate random {spec.dtype} data; give `inputs`")
 
     def check(self, sample: dict[str, np.ndarray], origin: str) -> dict[str, np.ndarray]:
         """Names, dtypes and shapes must match the model's inputs."""
@@ -268,7 +268,7 @@ class CandidateInputs:
                 raise AmpError(
                     f"the models' inputs differ: {name!r} is {shape_text(ref.shape)} in the reference, "
                     f"{shape_text(spec.shape)} in the candidate, which does not take a sample of shape {list(shape)}"
-                    + (" (give --inputs or --input-shape that fit both)" if both else "")
+                    + (" (give `inputs` or `input_shape` that fit both)" if both else "")
                 )
 
 
@@ -279,11 +279,11 @@ def make_source(
     ranges: Sequence[str] = (),
     samples: int = 2,
     seed: int = 0,
-    flag: str = "--inputs",
+    option: str = "inputs",
     try_lengths: bool = True,
 ) -> InputSource:
     """Build an input source; names in shapes/ranges are checked here.
-    ``flag`` is the option ``inputs`` came from (named in messages).
+    ``option`` is the field ``inputs`` came from (``inputs`` or ``calibration``: named in messages).
 
     Generated token inputs get a sequence of up to DEFAULT_TOKENS along a
     dynamic axis no option sets (:func:`choose_lengths`); with
@@ -295,11 +295,11 @@ def make_source(
     shape_map, range_map = parse_shapes(shapes), parse_ranges(ranges)
     check_given(specs, shape_map, range_map)
     if samples < 1:
-        raise AmpError("--samples must be at least 1")
+        raise AmpError("`samples` must be at least 1")
     if seed < 0:
-        raise AmpError(f"--seed must be 0 or more, got {seed}")
-    files = expand_files(inputs, flag)
-    source = InputSource(specs, files, shape_map, range_map, samples, seed, flag=flag)
+        raise AmpError(f"`seed` must be 0 or more, got {seed}")
+    files = expand_files(inputs, option)
+    source = InputSource(specs, files, shape_map, range_map, samples, seed, option=option)
     if not files:
         source.roles = input_roles(model)
         plans = list(length_plans(specs, source.roles, source._named_dims()))
@@ -312,9 +312,9 @@ def make_source(
             if math.prod(shape) > MAX_GENERATED_ELEMENTS:
                 raise AmpError(
                     f"input {spec.name!r}: a generated sample of shape {list(shape)} would hold {math.prod(shape):,} "
-                    f"elements, more than {MAX_GENERATED_ELEMENTS:,}; give a smaller --input-shape, or samples with --inputs"
+                    f"elements, more than {MAX_GENERATED_ELEMENTS:,}; give a smaller `input_shape`, or samples with `inputs`"
                 )
-        named = source._named_dims()  # (a symbolic dimension another input's --input-shape settles is not 1)
+        named = source._named_dims()  # (a symbolic dimension another input's input_shape settles is not 1)
         dynamic = [
             s.name for s in specs if s.name not in shape_map and any(not isinstance(d, int) and d not in named for d in s.shape)
         ]
@@ -331,7 +331,7 @@ def make_source(
                 for k, d in enumerate(s.shape)
             )
             set_to = (f"{lengths}, the others 1" if ones else lengths) if lengths else "1"
-            source.notes.append(f"dynamic dimensions of {', '.join(dynamic)} set to {set_to} (use --input-shape)")
+            source.notes.append(f"dynamic dimensions of {', '.join(dynamic)} set to {set_to} (use `input_shape`)")
         if source.lengths.note:
             source.notes.append(source.lengths.note)
     return source
@@ -349,13 +349,13 @@ def _fits(source: InputSource, lengths: Lengths) -> bool:
 def check_unused(
     model: onnx.ModelProto,
     files: Sequence[str | Path] = (),
-    flag: str = "--inputs",
+    option: str = "inputs",
     shapes: Sequence[str] = (),
     ranges: Sequence[str] = (),
 ) -> None:
-    """Vet sample options a run will not read (``--no-validate``, or ``--calibration`` with the
+    """Vet sample options a run will not read (``validate`` false, or ``calibration`` with the
     safety rules off) as :func:`make_source` would: a file that is not there, or a name
     that is no input of the model, is a mistake whether or not the run reads it."""
-    expand_files(files, flag)
+    expand_files(files, option)
     if shapes or ranges:
         check_given(input_specs(model), parse_shapes(shapes), parse_ranges(ranges))

@@ -20,21 +20,24 @@ from .errors import AmpError
 NPY_MAGIC = b"\x93NUMPY"
 
 
-def expand_files(inputs: Sequence[str | Path], flag: str) -> list[Path]:
+def expand_files(inputs: Sequence[str | Path], option: str) -> list[Path]:
+    """The sample files ``inputs`` names: files, and the .npz files of folders.
+    ``option``: the field they came from, named in messages. Raises AmpError
+    on a path that is missing, a folder of no .npz, or a file of another kind."""
     files: list[Path] = []
     for item in inputs:
         p = Path(item)
         if p.is_dir():
             found = sorted(p.glob("*.npz"))
             if not found:
-                raise AmpError(f"{flag} {p}: the folder holds no .npz files")
+                raise AmpError(f"`{option}` {p}: the folder holds no .npz files")
             files.extend(found)
         elif p.is_file():
             if p.suffix not in (".npz", ".json"):
-                raise AmpError(f"{flag} {p}: expected a .npz file, a folder of them, or a Polygraphy .json")
+                raise AmpError(f"`{option}` {p}: expected a .npz file, a folder of them, or a Polygraphy .json")
             files.append(p)
         else:
-            raise AmpError(f"{flag} {p}: no such file or folder")
+            raise AmpError(f"`{option}` {p}: no such file or folder")
     return files
 
 

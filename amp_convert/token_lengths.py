@@ -80,7 +80,7 @@ def choose_lengths(
       is both, a sum of names (``past_sequence_length + 1``) its terms;
     * else every other dimension of a token input is ``tokens`` long.
 
-    ``given``: the named dimensions --input-shape settles (kept; a new or
+    ``given``: the named dimensions ``input_shape`` settles (kept; a new or
     past one given sets the other, with a total). A positions input's
     values start after the past tokens. Dimensions of other inputs keep 1
     unless they share a name with these."""

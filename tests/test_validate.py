@@ -1066,7 +1066,7 @@ def test_the_note_on_dynamic_dimensions_names_only_those_left_to_defaults():
     assert {s.shape for s in next(iter(given)).values()} == {(2, 8)}
     bare = make_source(m)
     assert [n for n in bare.notes if " set to " in n] == [
-        "dynamic dimensions of input_ids, attention_mask, token_type_ids set to batch=1, sequence=64 (use --input-shape)"
+        "dynamic dimensions of input_ids, attention_mask, token_type_ids set to batch=1, sequence=64 (use `input_shape`)"
     ]
     assert [n for n in bare.notes if "sequence=128 fails on the fp32 model" in n]
 
