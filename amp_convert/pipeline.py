@@ -190,8 +190,8 @@ def _convert(
             types.update(rewriter.retyped)
             cleaned = clean_up(work, types)
         result.cleanup = cleaned.counts
-        # (the clean-up removes only Casts, and counts them)
-        result.casts_after += result.stats.casts_inserted - sum(result.cleanup.values())
+        # (the clean-up removes only Casts)
+        result.casts_after += result.stats.casts_inserted - len(cleaned.removed)
         if cleaned.removed:
             _mark_removed_casts(plan, input_casts, cleaned.removed)
         if work.ir_version < 4:

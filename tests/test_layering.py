@@ -27,6 +27,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "order_stats",
         "ortschema",
         "ortversions",
+        "passes",
         "schema",
         "typeinfo",
         "version",
