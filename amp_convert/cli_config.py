@@ -18,38 +18,15 @@ def load_config(ctx: click.Context, _param: click.Parameter, value: str | None) 
     on the command line override them."""
     if not value:
         return value
-    path = Path(value)
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
-    try:
-        if path.is_dir():
-            raise click.BadParameter(f"{value}: is a directory, not a TOML file", param_hint="--config")
-        if not path.is_file():
-            raise click.BadParameter(f"{value}: no such file", param_hint="--config")
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-        from .load import remember_inputs
+    from .config import read_config
+    from .errors import AmpError
+    from .load import remember_inputs
 
-        remember_inputs([path])  # (no output may replace it)
-    except OSError as e:
-        raise click.BadParameter(f"{value}: cannot be read ({e.strerror or e})", param_hint="--config") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise click.BadParameter(f"{value}: malformed TOML ({e})", param_hint="--config") from None
-    except RecursionError:
-        raise click.BadParameter(f"{value}: malformed TOML (nested too deeply)", param_hint="--config") from None
-    table = next((k for k in ("amp-convert", "amp_convert") if k in data), None)
-    if table is not None:
-        outside = sorted(k for k in data if k != table)
-        if outside:
-            raise click.BadParameter(
-                f"{value}: {outside[0]!r} is outside the [{table}] table; put every option in it "
-                "(or all at the top level, without the table)",
-                param_hint="--config",
-            )
-        data = data[table]
-    if not isinstance(data, dict):
-        raise click.BadParameter(f"{value}: [amp-convert] must be a table of options", param_hint="--config")
+    try:
+        data = read_config(value)
+    except AmpError as e:
+        raise click.BadParameter(str(e), param_hint="--config") from None
+    remember_inputs([Path(value)])  # (no output may replace it)
     by_key = {k: p for k, p in parameters(ctx.command).items() if k not in NOT_CONFIG}
     params = {p.name: p for p in ctx.command.params}
     defaults: dict[str, Any] = {}

@@ -66,7 +66,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "tolerance",
         "validation",
     ),
-    "workflow": ("pipeline", "auto", "workflow"),
+    "workflow": ("pipeline", "auto", "workflow", "config"),
     "api": ("api", "mindspore"),
     "cli": ("cli", "cli_config", "cli_options", "cli_output", "cli_params", "__main__"),
 }
