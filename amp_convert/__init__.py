@@ -15,7 +15,9 @@ from .version import __version__ as __version__
 
 # Public name -> the module that defines it.
 _EXPORTS = {
-    **dict.fromkeys(("Report", "Run", "compare", "convert", "convert_file", "save", "validate"), "api"),
+    **dict.fromkeys(
+        ("ConfigFile", "Report", "Run", "compare", "convert", "convert_file", "load_config", "save", "validate"), "api"
+    ),
     **dict.fromkeys(("AmpError", "ConversionError", "InputError", "InternalError", "UsageError"), "errors"),
     **dict.fromkeys(("auto_mixed_precision", "custom_mixed_precision", "get_black_list", "get_white_list"), "mindspore"),
     **dict.fromkeys(("AutoOptions", "ConvertOptions", "OutputOptions", "ValidationOptions"), "options"),

@@ -8,6 +8,7 @@ on files.
 ``convert_file``          a model file, as ``amp-convert MODEL``: converted,
                           validated, reported and saved
 ``save``                  a model written atomically, external data as needed
+``load_config``           a config file (``--config``) as convert_file's options
 ``Report``                a run's account, as JSON, HTML or text
 ========================  =====================================================
 
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
+from .config import ConfigFile, load_config
 from .errors import UsageError
 from .options import EXTERNAL_DATA, AutoOptions, ConvertOptions, OutputOptions, ValidationOptions, with_fields
 from .pipeline import ConversionResult, convert_options, load_input
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
 
 ModelLike = onnx.ModelProto | str | os.PathLike
 
-__all__ = ["Report", "Run", "compare", "convert", "convert_file", "save", "validate"]
+__all__ = ["ConfigFile", "Report", "Run", "compare", "convert", "convert_file", "load_config", "save", "validate"]
 
 
 def convert(

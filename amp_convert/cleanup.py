@@ -1,19 +1,23 @@
-"""Clean-up passes over the rewritten model.
+"""Clean-up passes over the rewritten model: Casts that change nothing,
+exact Cast round trips, and the Casts those leave unread.
 
-Each pass is a small class with one job and returns a :class:`PassResult`.
-They run on a fresh index of the rewritten graphs.
+Each pass is a small class with one job, its rules in its docstring, and
+returns a :class:`~amp_convert.passes.PassResult` (as onnx-ir's passes do);
+:func:`clean_up` runs them in order.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import ChainMap
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import onnx
 from onnx import TensorProto
 
 from .graph import GraphContext, build_context, cast_to, may_nest, node_subgraphs, sort_nodes
+from .passes import PassResult
 from .schema import is_default_domain, model_opsets
 from .typeinfo import infer_types
 
@@ -30,19 +34,8 @@ EXACT_WIDENINGS = frozenset(
 
 
 @dataclass
-class PassResult:
-    model: onnx.ModelProto
-    modified: bool
-    count: int = 0  # what the pass removed or changed
-    # The nodes it removed, in any graph: the very objects the graphs held
-    # (the nodes it keeps stay those objects too), so an index of the model
-    # made before the pass finds them by identity, whichever body they were in.
-    removed: list[onnx.NodeProto] = field(default_factory=list)
-
-
-@dataclass
 class CleanUp:
-    """What the clean-up passes did: a count per pass, and the nodes removed."""
+    """What the clean-up passes did: a count per pass (:attr:`PassResult.count`), and the nodes removed."""
 
     counts: dict[str, int] = field(default_factory=dict)
     removed: list[onnx.NodeProto] = field(default_factory=list)
@@ -54,12 +47,20 @@ def _index(model: onnx.ModelProto, opsets: dict[str, int]) -> GraphContext:
     return ctx
 
 
-class RemoveRedundantCasts:
-    """Bypass Casts that change nothing: ``Cast(x, to=type(x))``, and the
-    second Cast of an exact round trip (fp16 -> fp32 -> fp16); then delete
-    the bypassed Casts and first halves of pairs that nothing reads any more.
-    A lossy pair (fp32 -> fp16 -> fp32) is the model's meaning and stays.
-    Casts that write a graph output are kept, so output names never change.
+# A rule: for a Cast, its element types and the Casts that write the tensors in
+# scope, the tensor its readers may read instead and the Cast before it that
+# may then be unused (None: the rule does not bypass it).
+Bypass = tuple[str, str | None] | None
+Redirect = Callable[[onnx.NodeProto, Mapping[str, int], Mapping[str, onnx.NodeProto]], Bypass]
+
+
+class _BypassCasts(ABC):
+    """A pass that points the readers of the Casts its rule picks at the
+    tensor they stand for, in the Cast's graph and the bodies within (unless
+    they define that name again). The bypassed Casts stay, unread, for
+    :class:`RemoveUnusedCasts` (their names: :attr:`PassResult.bypassed`,
+    with the Casts before them the rule names). A Cast that writes a graph
+    output is never bypassed, so output names never change.
 
     ``types`` maps tensor names to element types; the rewriter knows them,
     so the pass need not index the model again (it does when not given,
@@ -70,6 +71,11 @@ class RemoveRedundantCasts:
     def __init__(self, types: Mapping[str, int] | None = None):
         self.types = types
 
+    @staticmethod
+    @abstractmethod
+    def redirect(node: onnx.NodeProto, types: Mapping[str, int], casts: Mapping[str, onnx.NodeProto]) -> Bypass:
+        """The pass's rule (see :data:`Redirect`)."""
+
     def __call__(self, model: onnx.ModelProto) -> PassResult:
         types = self.types
         scopes: dict[int, Mapping[str, int]] | None = None
@@ -78,19 +84,79 @@ class RemoveRedundantCasts:
             types = root.types
             scopes = {id(ctx.graph): ctx.types for ctx in root.walk() if ctx is not root}
         renames: dict[int, tuple[onnx.GraphProto, dict[str, str]]] = {}  # per graph (by id; the graph held alive)
-        candidates: set[str] = set()  # outputs of Casts that may now be unused
-        _find_redundant(model.graph, types, {}, renames, candidates, scopes)
-        renamed = {name for _, own in renames.values() for name in own}
-        if not renamed:
+        before: set[str] = set()  # outputs of the Casts before bypassed ones, which may now be unused
+        _find_redundant(model.graph, types, {}, renames, before, scopes, self.redirect)
+        count = sum(len(own) for _, own in renames.values())
+        if not count:
             return PassResult(model, False)
         _apply_renames(model.graph, renames, {})
-        candidates |= renamed
+        bypassed = {name for _, own in renames.values() for name in own}
+        return PassResult(model, True, count, bypassed=bypassed | before)
+
+
+class RemoveIdentityCasts(_BypassCasts):
+    """Bypass the Casts that change nothing.
+
+    Rules:
+
+    * ``Cast(x, to=type(x))``: its readers read ``x``;
+    * a Cast that writes a graph output stays read (output names never change).
+    """
+
+    @staticmethod
+    def redirect(node: onnx.NodeProto, types: Mapping[str, int], casts: Mapping[str, onnx.NodeProto]) -> Bypass:
+        source = node.input[0]
+        return (source, None) if types.get(source) == cast_to(node) else None
+
+
+class FoldCastRoundTrips(_BypassCasts):
+    """Bypass the second Cast of an exact round trip.
+
+    Rules:
+
+    * ``Cast(Cast(x, to=wide), to=type(x))`` where ``type(x) -> wide`` loses
+      nothing (EXACT_WIDENINGS: fp16 -> fp32, ...): its readers read ``x``,
+      and the first Cast may then be unused;
+    * a lossy pair (fp32 -> fp16 -> fp32) is the model's meaning and stays;
+    * a Cast that changes nothing is :class:`RemoveIdentityCasts`'s, not a round trip;
+    * a Cast that writes a graph output stays read (output names never change).
+    """
+
+    @staticmethod
+    def redirect(node: onnx.NodeProto, types: Mapping[str, int], casts: Mapping[str, onnx.NodeProto]) -> Bypass:
+        source, to = node.input[0], cast_to(node)
+        first = casts.get(source)
+        if types.get(source) == to or first is None:
+            return None
+        origin = first.input[0]
+        if types.get(origin) == to and (to, cast_to(first)) in EXACT_WIDENINGS:
+            return origin, source
+        return None
+
+
+class RemoveUnusedCasts:
+    """Delete the Casts of ``candidates`` (their output names: what the
+    bypassing passes left unread) that nothing reads, in any graph.
+
+    Rules:
+
+    * a candidate Cast whose output no node, body or graph output reads is deleted;
+    * deleting one may leave the Cast before it unread: deleted in turn, if a candidate;
+    * every other node stays, and stays the object it was.
+    """
+
+    def __init__(self, candidates: set[str]):
+        self.candidates = candidates
+
+    def __call__(self, model: onnx.ModelProto) -> PassResult:
+        if not self.candidates:
+            return PassResult(model, False)
         removed: list[onnx.NodeProto] = []
         before = -1
         while len(removed) > before:  # a removed Cast may have been the last reader of the Cast before it
             before = len(removed)
-            _remove_unused_casts(model.graph, candidates, set(), removed)
-        return PassResult(model, True, len(removed), removed)
+            _remove_unused_casts(model.graph, self.candidates, set(), removed)
+        return PassResult(model, bool(removed), len(removed), removed)
 
 
 def indexed_casts(root: GraphContext) -> list[tuple[GraphContext, int]]:
@@ -105,12 +171,14 @@ def _find_redundant(
     types: Mapping[str, int],
     outer_casts: dict[str, onnx.NodeProto],
     renames: dict[int, tuple[onnx.GraphProto, dict[str, str]]],
-    candidates: set[str],
-    scopes: dict[int, Mapping[str, int]] | None = None,
+    before: set[str],
+    scopes: dict[int, Mapping[str, int]] | None,
+    redirect: Redirect,
 ) -> None:
-    """Note in ``renames[id(graph)]`` what each redundant Cast's readers read
-    instead (in ``graph`` and, unless they define that name again, its
-    bodies). ``scopes``: a body's own types, looked up before its outer ones."""
+    """Note in ``renames[id(graph)]`` what the readers of each Cast that
+    ``redirect`` bypasses read instead (in ``graph`` and, unless they define
+    that name again, its bodies), and in ``before`` the Casts before them it
+    names. ``scopes``: a body's own types, looked up before its outer ones."""
     casts = dict(outer_casts)  # tensor -> the Cast node writing it
     own: dict[str, str] = {}
     renames[id(graph)] = (graph, own)
@@ -119,21 +187,17 @@ def _find_redundant(
         if node.op_type != "Cast" or not is_default_domain(node.domain):
             for sub in _bodies(node):
                 inner = ChainMap(scopes[id(sub)], types) if scopes is not None and id(sub) in scopes else types
-                _find_redundant(sub, inner, casts, renames, candidates, scopes)
+                _find_redundant(sub, inner, casts, renames, before, scopes, redirect)
             continue
-        source, out, to = node.input[0], node.output[0], cast_to(node)
+        out = node.output[0]
         casts[out] = node
         if out in outputs:
             continue
-        if types.get(source) == to:
-            own[out] = source
-            continue
-        first = casts.get(source)
-        if first is not None:
-            origin = first.input[0]
-            if types.get(origin) == to and (to, cast_to(first)) in EXACT_WIDENINGS:
-                own[out] = origin
-                candidates.add(source)
+        found = redirect(node, types, casts)
+        if found is not None:
+            own[out], first = found
+            if first is not None:
+                before.add(first)
 
 
 def _resolve(name: str, renames: Mapping[str, str]) -> str:
@@ -227,11 +291,18 @@ def count_casts(model: onnx.ModelProto) -> int:
 
 
 def clean_up(model: onnx.ModelProto, types: Mapping[str, int] | None = None) -> CleanUp:
-    """Run the clean-up passes; returns what each one did, and the nodes they
-    removed (for the plan to say so). (``types``: see :class:`RemoveRedundantCasts`.)"""
+    """Run the clean-up passes in order: the two that bypass Casts, then the
+    one that deletes the Casts they left unread. Returns what each one did
+    (by class name), and the nodes removed (for the plan to say so).
+    (``types``: see :class:`RemoveIdentityCasts`.)"""
     done = CleanUp()
-    for p in (RemoveRedundantCasts(types),):
-        result = p(model)
-        done.counts[type(p).__name__] = result.count
-        done.removed += result.removed
+    bypassed: set[str] = set()
+    # (round trips first: each rule then sees the Casts as the rewrite left them)
+    for bypass in (FoldCastRoundTrips(types), RemoveIdentityCasts(types)):
+        result = bypass(model)
+        done.counts[type(bypass).__name__] = result.count
+        bypassed |= result.bypassed
+    result = RemoveUnusedCasts(bypassed)(model)
+    done.counts[RemoveUnusedCasts.__name__] = result.count
+    done.removed = result.removed
     return done

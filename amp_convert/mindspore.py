@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import onnx
 
-from .lists import builtin_lists
+from .op_profiles import builtin_lists
 from .options import ConvertOptions
 from .pipeline import convert
 

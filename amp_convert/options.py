@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import UsageError
-from .lists import BATCHNORM, LEVELS, PROFILES, OpLists, resolve_lists
+from .lists import BATCHNORM, LEVELS, PROFILES, OpLists
+from .op_profiles import resolve_lists
 
 if TYPE_CHECKING:  # (onnx and ml_dtypes load where an option is checked: --help needs neither)
     from .dtypes import LowDtype

@@ -27,9 +27,10 @@ from .external import has_external, is_external
 from .fold import FoldBatchNormalization
 from .graph import GraphContext, NameGenerator, build_context, name_in_use, names_repeat_across_graphs
 from .graph_edit import declare_initializers
-from .lists import BATCHNORM, ORT_FUSED
+from .lists import BATCHNORM
 from .load import check_calls, check_input_model, check_versions, load_model
 from .lower_values import RewriteStats
+from .op_profiles import ORT_FUSED
 from .op_rules import fp32_by_lists
 from .opset import check_target_opset, upgrade_opset
 from .options import ConvertOptions, with_fields
@@ -193,8 +194,8 @@ def _convert(
             types.update(rewriter.retyped)
             cleaned = clean_up(work, types)
         result.cleanup = cleaned.counts
-        # (the clean-up removes only Casts, and counts them)
-        result.casts_after += result.stats.casts_inserted - sum(result.cleanup.values())
+        # (the clean-up removes only Casts)
+        result.casts_after += result.stats.casts_inserted - len(cleaned.removed)
         if cleaned.removed:
             _mark_removed_casts(plan, input_casts, cleaned.removed)
         if work.ir_version < 4:

@@ -34,13 +34,15 @@ from .errors import AmpError, LoadFailure, ModelFailure, NeitherLoads, RefusedAs
 from .graph import build_context, tensor_names
 from .inputs import CandidateInputs, InputSource
 from .lists import EXACT_OPS
-from .metrics import DEFAULT_TOLERANCES, ElementSummary, ErrorStats, SequenceStats, Tolerance
+from .metrics import ErrorStats
 from .options import EMULATE_MODES
 from .pin import Selection, find_selections, makes, pin
 from .plan import Plan
 from .runner import AsWritten, Runnable, choose_provider, load_as_written, runnable, value_bytes
 from .safety import unused_values
 from .schema import model_opsets
+from .sequence_stats import ElementSummary, SequenceStats
+from .tolerance import DEFAULT_TOLERANCES, Tolerance
 from .typeinfo import held_type, infer_types
 
 # Exposing every tensor makes onnxruntime's session set-up grow faster than
@@ -67,7 +69,7 @@ class ValidationConfig:
     # The provider the conversion aimed at (ConvertOptions.target_provider): a kernel the CPU provider
     # lacks is expected of a model aimed at another, where the run on the CPU is emulated.
     target_provider: str = "cuda"
-    # Per output name, the tolerance fields that differ from ``tolerance`` (metrics.parse_tolerances).
+    # Per output name, the tolerance fields that differ from ``tolerance`` (tolerance.parse_tolerances).
     tolerances: dict[str, dict[str, float | str]] = field(default_factory=dict)
 
 

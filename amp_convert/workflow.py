@@ -392,7 +392,7 @@ def validate_models(
 
 def validation_config(options: ValidationOptions, dtype: str, per_node: bool | None, target_provider: str):
     """The validator's :class:`~amp_convert.validation.ValidationConfig` for ``options``."""
-    from .metrics import output_tolerances, run_tolerance
+    from .tolerance import output_tolerances, run_tolerance
     from .validation import ValidationConfig
 
     return ValidationConfig(
@@ -416,7 +416,7 @@ def calibration_samples(reference, options: ValidationOptions) -> tuple[Any, Ite
     from .inputs import make_source
 
     o = options
-    given = make_source(reference, o.calibration, o.input_shape, o.input_range, o.samples, o.seed, flag="--calibration")
+    given = make_source(reference, o.calibration, o.input_shape, o.input_range, o.samples, o.seed, option="calibration")
     samples = iter(given)
     first = next(samples)  # (files holding no sample are refused here: see InputSource)
     return given, chain([first], samples)
@@ -436,15 +436,15 @@ def calibration_ranges(reference, samples, source, options: ValidationOptions, f
 def _check_unused(reference, options: ValidationOptions, validating: bool, calibrating: bool) -> None:
     """Sample options this run does not read (``calibrating``: whether it reads the calibration files)
     are vetted all the same: a missing file, an unknown input name are refused, as where they are read."""
-    given = (("--inputs", options.inputs, validating), ("--calibration", options.calibration, calibrating))
-    unread = [(flag, files) for flag, files, read in given if files and not read]
+    given = (("inputs", options.inputs, validating), ("calibration", options.calibration, calibrating))
+    unread = [(option, files) for option, files, read in given if files and not read]
     names = not (validating or calibrating) and (options.input_shape or options.input_range)
     if not (unread or names):  # (nothing to vet: the inputs module stays unloaded)
         return
     from .inputs import check_unused
 
-    for flag, files in unread:
-        check_unused(reference, files, flag)
+    for option, files in unread:
+        check_unused(reference, files, option)
     if names:
         check_unused(reference, shapes=options.input_shape, ranges=options.input_range)
 

@@ -42,8 +42,8 @@ from amp_convert.calibrate import calibrate  # noqa: E402
 from amp_convert.cleanup import count_casts  # noqa: E402
 from amp_convert.graph import build_context  # noqa: E402
 from amp_convert.inputs import make_source  # noqa: E402
-from amp_convert.metrics import DEFAULT_TOLERANCES  # noqa: E402
 from amp_convert.schema import model_opsets  # noqa: E402
+from amp_convert.tolerance import DEFAULT_TOLERANCES  # noqa: E402
 from amp_convert.typeinfo import infer_types  # noqa: E402
 from amp_convert.validation import ValidationConfig, validate  # noqa: E402
 from models.hostile import HOSTILE  # noqa: E402

@@ -40,7 +40,7 @@ from onnxruntime.transformers.onnx_model import OnnxModel
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from amp_convert.lists import ORT_FUSED  # noqa: E402
+from amp_convert.op_profiles import ORT_FUSED  # noqa: E402
 from models.zoo_inputs import load_manifest, make_inputs  # noqa: E402
 
 ort.set_default_logger_severity(3)

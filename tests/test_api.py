@@ -10,7 +10,7 @@ from onnx import helper
 
 import amp_convert
 from amp_convert import Precision
-from amp_convert.lists import ORT_FUSED
+from amp_convert.op_profiles import ORT_FUSED
 
 
 def small_model() -> onnx.ModelProto:

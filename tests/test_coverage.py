@@ -15,7 +15,8 @@ from helpers import init, model, value
 from onnx import TensorProto, helper
 
 from amp_convert import convert
-from amp_convert.coverage import coverage, node_macs
+from amp_convert.coverage import coverage
+from amp_convert.macs import node_macs
 from amp_convert.report import report_schema
 
 ZOO = Path(__file__).resolve().parents[1] / "models" / "zoo"

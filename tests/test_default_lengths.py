@@ -15,7 +15,9 @@ from onnx import helper
 
 from amp_convert.cli import main
 from amp_convert.input_roles import InputRole
-from amp_convert.inputs import DEFAULT_TOKENS, InputSpec, choose_lengths, make_source
+from amp_convert.input_specs import InputSpec
+from amp_convert.inputs import make_source
+from amp_convert.token_lengths import DEFAULT_TOKENS, choose_lengths
 
 ROOT = Path(__file__).resolve().parents[1]
 BERT, GPT2, GPT2_PAST = ROOT / "models/zoo/bert.onnx", ROOT / "models/zoo/gpt2.onnx", ROOT / "models/zoo/ort/gpt2_past.onnx"

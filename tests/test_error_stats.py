@@ -18,8 +18,12 @@ from onnx import helper
 from amp_convert.cli import main
 from amp_convert.errors import AmpError
 from amp_convert.inputs import make_source
-from amp_convert.metrics import ERROR_STATS, ErrorStats, Tolerance, parse_tolerances
-from amp_convert.report import html_report, report_schema, terminal_table
+from amp_convert.metrics import ErrorStats
+from amp_convert.options import ERROR_STATS
+from amp_convert.report import report_schema
+from amp_convert.report_html import html_report
+from amp_convert.report_text import terminal_table
+from amp_convert.tolerance import Tolerance, parse_tolerances
 
 ROWS, COLS = 64, 16
 # The values the candidate moves, by 0.5 (its limit is about 0.056): 5 of 1,024 per sample.

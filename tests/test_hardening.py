@@ -979,8 +979,21 @@ def test_a_data_max_that_checks_nothing_is_refused_through_the_api(data_max):
 
 
 def test_negative_seed_is_refused_through_the_api():
-    with pytest.raises(AmpError, match="--seed must be 0 or more"):
+    with pytest.raises(AmpError, match="`seed` must be 0 or more"):
         make_source(onnx.load(str(ZOO / "lstm.onnx")), seed=-1)
+
+
+def test_the_sample_options_are_named_as_fields_by_the_api_and_as_flags_by_the_cli(tmp_path):
+    """The library names the option's field; the command line spells the same message with its flag."""
+    model = onnx.load(str(ZOO / "lstm.onnx"))
+    with pytest.raises(AmpError, match=r"^`samples` must be at least 1$"):
+        make_source(model, samples=0)
+    with pytest.raises(AmpError, match=r"^`input_shape` 'x': expected NAME=1x3x224x224$"):
+        make_source(model, shapes=["x"])
+    with pytest.raises(AmpError, match=r"^`inputs` .*no\.npz: no such file or folder$"):
+        make_source(model, inputs=[tmp_path / "no.npz"])
+    proc = cli(ZOO / "lstm.onnx", "-o", tmp_path / "o.onnx", "--input-shape", "x")
+    assert proc.returncode == 2 and proc.stderr == "amp-convert: error: --input-shape 'x': expected NAME=1x3x224x224\n"
 
 
 OUTPUT_FLAG_ERRORS = {

@@ -48,7 +48,7 @@ def test_generated_samples_hold_those_values_and_the_command_says_so(tmp_path):
     assert sample["input_ids"].min() >= 0 and sample["input_ids"].max() < 512
     # a range the user gives wins over the role
     ranged = make_source(onnx.load(path), ranges=["attention_mask=0:2"], seed=3)
-    assert [g["why"] for g in ranged.generated() if g["name"] == "attention_mask"] == ["--input-range"]
+    assert [g["why"] for g in ranged.generated() if g["name"] == "attention_mask"] == ["`input_range`"]
     # with input options given, no line
     proc = _cli(path, "--level", "O2", "-o", str(tmp_path / "o2.onnx"), "--input-shape", "input_ids=1x2")
     assert proc.returncode == 0 and not any(x.startswith("inputs: ") for x in proc.stdout.splitlines())

@@ -23,8 +23,9 @@ from onnxruntime.transformers.onnx_model import OnnxModel
 from amp_convert import Precision, convert
 from amp_convert.check import check_converted
 from amp_convert.kernels import kernel_table
-from amp_convert.lists import ORT_FUSED, ORT_QUANTIZED_OPS
+from amp_convert.lists import ORT_QUANTIZED_OPS
 from amp_convert.load import check_input_model
+from amp_convert.op_profiles import ORT_FUSED
 from amp_convert.schema import op_key
 from models.fused_graphs import GRAPHS
 from models.zoo_inputs import load_manifest, make_inputs

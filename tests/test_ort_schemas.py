@@ -17,7 +17,8 @@ import amp_convert
 from amp_convert import Precision, ortschema
 from amp_convert.check import check_converted
 from amp_convert.errors import ConversionError
-from amp_convert.lists import ORT_FUSED, ORT_QUANTIZED_OPS, builtin_lists
+from amp_convert.lists import ORT_QUANTIZED_OPS
+from amp_convert.op_profiles import ORT_FUSED, builtin_lists
 from amp_convert.schema import signature
 
 HIDDEN, HEADS, SEQ, VOCAB = 16, 2, 6, 50

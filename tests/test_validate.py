@@ -25,9 +25,12 @@ from amp_convert import convert, runner
 from amp_convert.emulate import emulation_twin
 from amp_convert.errors import LoadFailure
 from amp_convert.inputs import make_source
-from amp_convert.metrics import DEFAULT_TOLERANCES, ErrorStats, Tolerance
-from amp_convert.report import html_report, report_schema, terminal_table
+from amp_convert.metrics import ErrorStats
+from amp_convert.report import report_schema
+from amp_convert.report_html import html_report
+from amp_convert.report_text import terminal_table
 from amp_convert.runner import runnable
+from amp_convert.tolerance import DEFAULT_TOLERANCES, Tolerance
 from amp_convert.validation import ValidationConfig, validate
 from models.zoo_inputs import load_manifest, make_inputs
 
@@ -1033,14 +1036,14 @@ def test_equal_outputs_have_a_cosine_of_exactly_one():
 def test_an_infinite_snr_is_shown_with_its_sign():
     """JSON holds an infinite SNR as null; shown, a reference of zeros
     against a candidate that is not is -inf, not the +inf of equal outputs."""
-    from amp_convert.report import _snr
+    from amp_convert.report_cells import snr
 
     zeros, tiny = np.zeros(8, np.float32), np.full(8, 1e-4, np.float32)
     apart, equal = ErrorStats("y"), ErrorStats("y")
     apart.update(zeros, tiny)
     equal.update(tiny, tiny.copy())
     assert apart.as_dict()["snr_db"] is None and equal.as_dict()["snr_db"] is None
-    assert _snr(apart.as_dict()) == "-inf" and _snr(equal.as_dict()) == "inf"
+    assert snr(apart.as_dict()) == "-inf" and snr(equal.as_dict()) == "inf"
 
 
 def test_an_integer_output_of_another_shape_is_reported_as_exact():
@@ -1063,7 +1066,7 @@ def test_the_note_on_dynamic_dimensions_names_only_those_left_to_defaults():
     assert {s.shape for s in next(iter(given)).values()} == {(2, 8)}
     bare = make_source(m)
     assert [n for n in bare.notes if " set to " in n] == [
-        "dynamic dimensions of input_ids, attention_mask, token_type_ids set to batch=1, sequence=64 (use --input-shape)"
+        "dynamic dimensions of input_ids, attention_mask, token_type_ids set to batch=1, sequence=64 (use `input_shape`)"
     ]
     assert [n for n in bare.notes if "sequence=128 fails on the fp32 model" in n]
 
@@ -1324,11 +1327,11 @@ def test_a_logit_near_zero_in_the_samples_is_no_part_of_another_scale():
     result = validate(m, out, make_source(m, samples=2), ValidationConfig(per_node=False))
     [metrics] = result.outputs
     assert result.passed
-    scales, errors = metrics._axes[2]
+    scales, errors = metrics.axis_scales.kept[2]
     assert scales[7] < 1e-4 < 0.01 < errors[7]  # (token 7: about 0 in fp32, off by the head's rounding)
     assert metrics.warnings(result.tolerance) == []
     more = validate(m, out, make_source(m, samples=8), ValidationConfig(per_node=False))
-    assert more.passed and more.outputs[0]._axes[2][0][7] > 0.1 * more.outputs[0].max_abs_ref
+    assert more.passed and more.outputs[0].axis_scales.kept[2][0][7] > 0.1 * more.outputs[0].max_abs_ref
     assert more.outputs[0].warnings(more.tolerance) == []
 
 
@@ -1461,7 +1464,8 @@ def test_a_constant_ranks_by_the_error_it_brings_to_its_readers_not_its_own(tmp_
 
 def test_a_failing_output_says_how_many_values_are_over_the_limit_and_its_top1_agreement():
     """Two values far off among 40,000 read differently from all of them."""
-    from amp_convert.metrics import DEFAULT_TOLERANCES, ErrorStats
+    from amp_convert.metrics import ErrorStats
+    from amp_convert.tolerance import DEFAULT_TOLERANCES
 
     tol = DEFAULT_TOLERANCES["fp16"]
     rng = np.random.default_rng(0)
