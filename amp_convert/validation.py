@@ -671,6 +671,9 @@ _ROUNDING = {"fp16": 2.0**-11 / math.sqrt(3), "bf16": 2.0**-8 / math.sqrt(3)}
 # Readers whose output is a sum of their inputs: an input's relative error
 # reaches the output scaled by the input's size against the output's.
 _ADDITIVE_READERS = frozenset({"Add", "Sub", "Sum"})
+# An input of an unmeasured node with this many times the error measured
+# after it evidently does not pass its error on (it selects: a mask).
+_NOT_PASSED_ON = 10.0
 
 
 def _to_outputs(ref_ctx, nodes: list[NodeError], stats: dict, outputs: set[str], rounding: float) -> None:
@@ -686,7 +689,10 @@ def _to_outputs(ref_ctx, nodes: list[NodeError], stats: dict, outputs: set[str],
     its own relative error. The gain through a reader is its measured growth
     of relative error with its own error taken out (in quadrature; 1 where
     that is all the growth, below 1 where the error shrinks), or for an Add,
-    Sub or Sum the input's RMS against the output's: so an epsilon
+    Sub or Sum the input's RMS against the output's; through a node whose
+    outputs were not measured (a fused op), at most the error measured
+    after it over the input's, and 0 for an input whose error is over
+    _NOT_PASSED_ON times that (an attention mask's clipped fill values): so an epsilon
     added to a variance brings almost nothing, and a large value a later
     subtraction cancels (a steep sigmoid's logit minus its threshold) brings
     its rounding amplified."""
@@ -706,24 +712,35 @@ def _to_outputs(ref_ctx, nodes: list[NodeError], stats: dict, outputs: set[str],
             # (its growth, its own error taken out; growth all its own is a gain of 1, less is attenuation)
             kept = max(n.error_after**2 - own[n.index] ** 2, min(n.error_after, n.error_before) ** 2)
             through[n.index] = math.sqrt(kept) / n.error_before
+    error = {name: s.relative_rms for name, s in stats.items()}
     gain = {name: 1.0 for name in outputs}
+    came_out: dict[str, float] = {}  # an unmeasured tensor: the most error measured after it
     for i in range(len(ref_ctx.nodes) - 1, -1, -1):
         node = ref_ctx.nodes[i]
         out_gain = max((gain.get(o, 0.0) for o in node.output), default=0.0)
+        out_error = max((error[o] if o in error else came_out.get(o, 0.0) for o in node.output), default=0.0)
         if i in by_index:
             n = by_index[i]
             # (its rounding counts beyond what it adds only where the way to the outputs amplifies it)
             mine = own[i] if out_gain > 1 or n.reaching is not None else max(n.added, 0.0)
             n.to_outputs = mine * out_gain if mine and out_gain else 0.0
+        for x in node.input:
+            if x and x not in error:
+                came_out[x] = max(came_out.get(x, 0.0), out_error)
         if not out_gain:
             continue
         scale = max((_rms(stats[o]) for o in node.output if o in stats), default=0.0)
         for x in node.input:
-            # (through float tensors the diff did not measure too: a Conv's output a BatchNormalization folds into)
-            if not x or ref_ctx.types.get(x) not in FLOAT_TYPES:
+            # (through tensors the diff did not measure too: a Conv's output a BatchNormalization
+            # folds into, a fused op's; not into those known not to be float: a shape)
+            known = ref_ctx.types.get(x)
+            if not x or (known and known not in FLOAT_TYPES):
                 continue
             if node.op_type in _ADDITIVE_READERS and x in stats:
                 g = _rms(stats[x]) / scale if scale > 0 else 1.0
-            else:
+            elif i in by_index:
                 g = through.get(i, 1.0)
+            else:  # (not measured: no more than came out; far more came in than out: not passed on, a mask)
+                came_in = error.get(x, 0.0)
+                g = 1.0 if came_in <= out_error else 0.0 if came_in > _NOT_PASSED_ON * out_error else out_error / came_in
             gain[x] = max(gain.get(x, 0.0), g * out_gain)
