@@ -3,6 +3,8 @@ and ``--level auto`` keeps fp32 the part of the graph that amplifies it."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 from helpers import init, model, value
@@ -12,6 +14,7 @@ from text_image import detector_input
 from amp_convert import ConvertOptions, Precision, convert
 from amp_convert.auto import auto_convert
 from amp_convert.calibrate import calibrate
+from amp_convert.cli import main
 from amp_convert.inputs import make_source
 from amp_convert.validation import ValidationConfig, validate
 
@@ -126,3 +129,26 @@ def test_auto_keeps_only_the_amplifying_head_fp32(tmp_path):
     plan = {e.name: e.precision for e in searched.conversion.plan}
     assert plan["head_conv"] is plan["head_bias"] is Precision.FP32
     assert all(plan[name] is Precision.LOW for name in ("conv1", "conv2", "conv3"))
+
+
+def test_the_terminal_json_and_page_show_the_error_reaching_the_outputs(tmp_path, capsys):
+    """At O3 the steep head's subtraction ranks first and the head Conv
+    before it among the first three (its own error 2.5e-4, 0.03 reaching
+    the map), each line saying what reaches the output; the JSON's
+    error_to_outputs and the page's column hold the same figure."""
+    m, x = _steep_head()
+    path, page = tmp_path / "steep.onnx", tmp_path / "page.npz"
+    onnx.save(m, str(path))
+    np.savez(page, x=x)
+    report, html = tmp_path / "r.json", tmp_path / "r.html"
+    flags = ["--inputs", str(page), "--report", str(report), "--html", str(html), "--provider", "cpu", "--top", "3"]
+    assert main([str(path), "--level", "O3", "-o", str(tmp_path / "o.onnx"), *flags]) == 1
+    listed = capsys.readouterr().out.split("worst first:\n")[1].split("\n\n")[0].splitlines()
+    offenders = json.loads(report.read_text())["validation"]["offenders"]
+    names = [o["name"] for o in offenders]
+    assert names[0] == "head_bias" and "head_conv" in names  # (the Sigmoid, which only passes it on, is close)
+    conv = offenders[names.index("head_conv")]
+    assert conv["error_to_outputs"] > 50 * conv["error_after"]  # (its own rounding, amplified by the subtraction)
+    for line, o in zip(listed, offenders, strict=True):
+        assert line.startswith(f"  {o['name']} (") and line.endswith(f"; reaching {o['error_to_outputs']:.4g}")
+    assert "<th>reaching the outputs</th>" in html.read_text()
