@@ -680,22 +680,22 @@ def _to_outputs(ref_ctx, nodes: list[NodeError], stats: dict, outputs: set[str],
     """Set each node's ``to_outputs``: its own error times the gain from its
     output to ``outputs``, the most over the paths there.
 
-    A node's own error is what it adds over its inputs, and, where the way
-    to the outputs amplifies it, at least its output's rounding
-    (``rounding``, as far as its measured error goes): a low node whose
-    input came in with a larger error than its output keeps (a Conv with a
-    large bias) still rounds, and that rounding is what a cancellation
-    after it amplifies. For a node fed by constants alone it is
-    its own relative error. The gain through a reader is its measured growth
-    of relative error with its own error taken out (in quadrature; 1 where
-    that is all the growth, below 1 where the error shrinks), or for an Add,
-    Sub or Sum the input's RMS against the output's; through a node whose
-    outputs were not measured (a fused op), at most the error measured
-    after it over the input's, and 0 for an input whose error is over
-    _NOT_PASSED_ON times that (an attention mask's clipped fill values): so an epsilon
-    added to a variance brings almost nothing, and a large value a later
-    subtraction cancels (a steep sigmoid's logit minus its threshold) brings
-    its rounding amplified."""
+    Own error: what the node adds over its inputs and, where the way to the
+    outputs amplifies it, at least its output's rounding (``rounding``, as
+    far as its measured error goes): a Conv with a large bias keeps less
+    relative error than came in, yet rounds, and a cancellation after it
+    amplifies that. A node fed by constants alone: its own relative error.
+
+    Gain through a reader: its measured growth of relative error with its
+    own share taken out (in quadrature; 1 where the growth is all its own,
+    below 1 where the error shrinks); through an Add, Sub or Sum, the
+    input's RMS against the output's; through a node whose outputs were not
+    measured (a fused op), at most the error measured after it over the
+    input's, and 0 for an input with over _NOT_PASSED_ON times that (an
+    attention mask's clipped fill values). So an epsilon added to a
+    variance brings almost nothing, and a large value a later subtraction
+    cancels (a steep sigmoid's logit minus its threshold) brings its
+    rounding amplified."""
     by_index = {n.index: n for n in nodes}
     own: dict[int, float] = {}
     through: dict[int, float] = {}  # a node's gain from an input to its output (non-additive nodes)
