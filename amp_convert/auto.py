@@ -86,6 +86,15 @@ class AutoResult:
         """How many trials ran, said as a count."""
         return trials_phrase(len(self.trials))
 
+    def failures(self, most: int = 3) -> str:
+        """The outputs the chosen trial fails and why ("y: max abs error 0.03 > 0.011 (...)"),
+        the first ``most`` of them ("" where it passes)."""
+        v = self.validation
+        failing = [(o.name, o.verdict(v.tolerance_for(o.name))) for o in v.outputs]
+        said = [f"{name}: {'; '.join(reasons)}" for name, reasons in failing if reasons]
+        more = f"; and {len(said) - most} more output(s)" if len(said) > most else ""
+        return "; ".join(said[:most]) + more
+
     def as_dict(self) -> dict:
         kept = {e.name: e.reason for e in self.conversion.plan if e.precision is Precision.FP32 and e.rule != "control-flow"}
         return {
@@ -179,6 +188,9 @@ class AutoSearch:
         self.on_trial = on_trial
         self.weights = compute_weights(reference, calibration)
         self.trials: list[Trial] = []
+        # Each trial's (result, validation) by the precisions its plan gives: a step whose conversion
+        # is one already judged (a node given back that follows fp32 inputs) costs no trial.
+        self.judged: dict[tuple, tuple[ConversionResult, ValidationResult]] = {}
         self.best: tuple[float, ConversionResult, ValidationResult, int] | None = None
         # The failing trial closest to passing: (failing outputs, -low compute), result, validation, number.
         self.closest: tuple[tuple[int, float], ConversionResult, ValidationResult, int] | None = None
@@ -207,6 +219,9 @@ class AutoSearch:
             calibration=self.calibration,
             external_dir=self.external_dir,
         )
+        precisions = tuple(e.precision for e in result.plan)
+        if precisions in self.judged:
+            return self.judged[precisions]
         validation = self.validator.check(result.model, result.plan)
         if not validation.passed:  # the search needs to know where the error enters
             validation = self.validator.check(result.model, result.plan, per_node=True)
@@ -231,6 +246,7 @@ class AutoSearch:
             failing = sum(bool(o.verdict(validation.tolerance_for(o.name))) for o in validation.outputs)
             if self.closest is None or (failing, -fraction) < self.closest[0]:
                 self.closest = ((failing, -fraction), result, validation, trial.number)
+        self.judged[precisions] = (result, validation)
         return result, validation
 
     def keep_worst(self, level: str, result, validation, kept: list[str]):
@@ -241,7 +257,9 @@ class AutoSearch:
             if not worst:
                 break
             kept += worst[:batch]
-            result, validation = self.trial(f"keep {len(worst[:batch])} more fp32 (most error added)", level, tuple(kept))
+            result, validation = self.trial(
+                f"keep {len(worst[:batch])} more fp32 (most error reaching the outputs)", level, tuple(kept)
+            )
             batch *= 2
         return result, validation
 

@@ -92,9 +92,10 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
         )
     talk = not kw["quiet"] and not kw["json_out"]
     if run.auto is not None and not run.passed and talk:
+        failing = run.auto.failures()
         click.echo(
-            f"auto: no low-precision assignment met the tolerance in {run.auto.tried}; "
-            f"the closest, trial {run.auto.chosen}, fails as shown (--write-on-fail writes it)"
+            f"auto: no low-precision assignment met the tolerance in {run.auto.tried}; the closest, "
+            f"trial {run.auto.chosen}, fails {'on ' + failing if failing else 'as shown'} (--write-on-fail writes it)"
         )
     if kw["explain"] and not kw["json_out"]:
         click.echo(run.conversion.plan.format_table())

@@ -179,13 +179,14 @@ def _offenders_table(offenders: list[dict]) -> str:
     if not offenders:
         return "<p class='meta'>No node adds measurable error.</p>"
     rows = [
-        "<table id='offenders'><tr><th>#</th><th>node</th><th>op</th><th>precision</th><th>error before</th><th>after</th></tr>"
+        "<table id='offenders'><tr><th>#</th><th>node</th><th>op</th><th>precision</th><th>error before</th><th>after</th>"
+        "<th>reaching the outputs</th></tr>"
     ]
     for rank, o in enumerate(offenders, 1):
         rows.append(
             f"<tr><td>{rank}</td><td>{html.escape(o['name'])}</td><td>{html.escape(o['op_type'])}</td>"
             f"<td>{o['precision']}</td><td class='num'>{fmt(o['error_before'])}</td>"
-            f"<td class='num'>{fmt(o['error_after'])}</td></tr>"
+            f"<td class='num'>{fmt(o['error_after'])}</td><td class='num'>{fmt(o['error_to_outputs'])}</td></tr>"
         )
     rows.append("</table>")
     return "".join(rows)

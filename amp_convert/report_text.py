@@ -27,9 +27,10 @@ def terminal_table(report: dict) -> str:
     offenders = v["offenders"]  # (--top of them)
     if offenders:
         lines.append("")
-        lines.append("error added by node (relative RMS vs fp32), worst first:")
+        lines.append("error by node (relative RMS vs fp32: before -> after it; reaching the outputs), worst first:")
         for o in offenders:
-            lines.append(f"  {o['name']} ({o['op_type']}, {o['precision']}): {fmt(o['error_before'])} -> {fmt(o['error_after'])}")
+            before, after, reaching = (fmt(o[k]) for k in ("error_before", "error_after", "error_to_outputs"))
+            lines.append(f"  {o['name']} ({o['op_type']}, {o['precision']}): {before} -> {after}; reaching {reaching}")
     pinned = pinned_summary(v["pinned"])
     if pinned:
         lines.append("")
