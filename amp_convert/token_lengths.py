@@ -1,7 +1,9 @@
-"""Default lengths of generated token inputs' dynamic dimensions: a
-prompt's length (DEFAULT_TOKENS) within the table their positions index,
-split between new and past tokens where the model has a KV cache, and
-shorter ones tried where the fp32 model fails on them."""
+"""Default lengths of generated inputs' dynamic dimensions: for token
+inputs a prompt's length (DEFAULT_TOKENS) within the table their
+positions index, split between new and past tokens where the model has a
+KV cache; for float inputs an image's side (DEFAULT_IMAGE_SIDE) or a
+sequence's length; and shorter ones tried where the fp32 model fails on
+them."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import onnx
 
 from .errors import AmpError
 from .input_roles import InputRole
-from .input_specs import InputSpec
+from .input_specs import InputSpec, is_float
 
 if TYPE_CHECKING:
     from .inputs import InputSource
@@ -24,6 +26,12 @@ if TYPE_CHECKING:
 # within the table their positions index. A model with a KV cache gets half
 # as new tokens, half as past ones (its mask spans both).
 DEFAULT_TOKENS = 128
+# A float input's dynamic image axes (NCHW or NHWC, 1, 3 or 4 channels) are
+# this long: a 1x1 image runs every Conv on padding and says nothing. Tried
+# shorter, halving, down to MIN_IMAGE_SIDE.
+DEFAULT_IMAGE_SIDE = 224
+MIN_IMAGE_SIDE = 14
+_CHANNELS = (1, 3, 4)
 # What a dynamic dimension's name says it is ("sum": "past_sequence_length + 1").
 _BATCH_DIM = re.compile(r"batch|^[bn]$", re.IGNORECASE)
 _PAST_DIM = re.compile(r"past|cache", re.IGNORECASE)
@@ -143,16 +151,66 @@ def length_plans(specs: list[InputSpec], roles: dict[str, InputRole], given: dic
     last every dynamic dimension at 1 (the choice before there were
     defaults). Only that last where nothing is to choose."""
     rows = [r.rows for r in roles.values() if r.kind == "positions" and r.rows]
-    tokens = min([DEFAULT_TOKENS, *rows])
-    first = choose_lengths(specs, roles, given, tokens)
+    tokens, side = min([DEFAULT_TOKENS, *rows]), DEFAULT_IMAGE_SIDE
+    first = with_float_lengths(choose_lengths(specs, roles, given, tokens), specs, given, tokens, side)
     if first.dims or first.axes:
         yield first
         if first.past and tokens > 2:
-            yield choose_lengths(specs, roles, given, tokens, new=1)
-        while tokens > 2:
-            tokens //= 2
-            yield choose_lengths(specs, roles, given, tokens)
+            yield with_float_lengths(choose_lengths(specs, roles, given, tokens, new=1), specs, given, tokens, side)
+        last = first
+        while tokens > 2 or side > MIN_IMAGE_SIDE:
+            tokens, side = (tokens // 2 if tokens > 2 else tokens), (side // 2 if side > MIN_IMAGE_SIDE else side)
+            plan = with_float_lengths(choose_lengths(specs, roles, given, tokens), specs, given, tokens, side)
+            if (plan.dims, plan.axes) != (last.dims, last.axes):
+                yield plan
+            last = plan
     yield Lengths()
+
+
+def with_float_lengths(lengths: Lengths, specs: list[InputSpec], given: dict[str, int], tokens: int, side: int) -> Lengths:
+    """``lengths`` with the dynamic dimensions of float inputs that neither
+    it nor ``given`` (the names --input-shape settles) sets:
+
+    * an image's (rank 4, 1, 3 or 4 channels on axis 1 or 3) height and
+      width are ``side``;
+    * a batch (its name says so, or the first dynamic axis of two or more)
+      is 1;
+    * any other (a sequence, a time axis, a waveform's samples) is ``tokens``.
+
+    A name shared by several axes gets the first value it is given."""
+    dims, axes = dict(lengths.dims), dict(lengths.axes)
+    for spec in specs:
+        if not is_float(spec.dtype):
+            continue
+        shape = spec.shape
+        dynamic = [k for k, d in enumerate(shape) if not isinstance(d, int)]
+        if any(d in dims or d in given for d in shape if isinstance(d, str)):
+            continue  # (a KV cache, or an input that shares a token input's or the user's dimensions)
+        image = _image_axes(shape)
+        for k in dynamic:
+            d = shape[k]
+            kind = _dim_kind(d) if isinstance(d, str) else "new"
+            if kind == "new" and k == dynamic[0] and len(shape) >= 2 and k not in image:
+                kind = "batch"
+            if kind in ("batch", "past", "total", "sum") and k not in image:
+                continue
+            n = side if k in image else tokens
+            if isinstance(d, str):
+                dims.setdefault(d, n)
+            else:
+                axes[(spec.name, k)] = n
+    return Lengths(dims, axes, lengths.starts, lengths.past)
+
+
+def _image_axes(shape: tuple) -> tuple[int, ...]:
+    """The height and width axes of an image input's ``shape`` (NCHW, else NHWC), or ()."""
+    if len(shape) != 4:
+        return ()
+    if shape[1] in _CHANNELS and not (isinstance(shape[2], int) and isinstance(shape[3], int)):
+        return (2, 3)
+    if shape[3] in _CHANNELS and not (isinstance(shape[1], int) and isinstance(shape[2], int)):
+        return (1, 2)
+    return ()
 
 
 def pick_running_lengths(model: onnx.ModelProto, source: InputSource, plans: list[Lengths]) -> None:

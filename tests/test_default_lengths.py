@@ -159,3 +159,61 @@ def test_a_model_that_runs_on_no_longer_sequence_falls_back_to_1(tmp_path, capsy
     assert "(every dynamic dimension 1: batch=1, seq=128 fails on the fp32 model: Reshape node" in line
     # not tried (the caller's choice): the first plan stands
     assert make_source(m, try_lengths=False).generated_shape(make_source(m).specs[0]) == (1, 128)
+
+
+def _conv_model(input_shape: tuple, channels_last: bool = False) -> onnx.ModelProto:
+    """A Conv (3 -> 4 channels) over an image input of ``input_shape`` (NCHW, or NHWC transposed first)."""
+    w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["t" if channels_last else "image", "W"], ["y"], pads=[1, 1, 1, 1])]
+    if channels_last:
+        nodes.insert(0, helper.make_node("Transpose", ["image"], ["t"], perm=[0, 3, 1, 2]))
+    return model(nodes, [value("image", shape=input_shape)], [value("y", shape=(None, None, None, None))], [init("W", w)])
+
+
+@pytest.mark.parametrize(
+    ("shape", "channels_last", "expected"),
+    [
+        (("batch", 3, "height", "width"), False, (1, 3, 224, 224)),
+        ((None, 3, None, None), False, (1, 3, 224, 224)),
+        (("N", "H", "W", 3), True, (1, 224, 224, 3)),
+        (("p2o.DynamicDimension.0", 3, 32, "w"), False, (1, 3, 32, 224)),  # (a batch named like any other: the first axis)
+    ],
+)
+def test_an_image_input_gets_an_images_size_not_1x1(shape, channels_last, expected):
+    """A 1x1 image runs every Conv on its padding and says nothing of real
+    inputs: a dynamic image axis is DEFAULT_IMAGE_SIDE (224) long."""
+    m = _conv_model(shape, channels_last)
+    source = make_source(m)
+    assert source.generated_shape(source.specs[0]) == expected
+    assert all(s["image"].shape == expected for s in source)
+
+
+def test_an_image_model_that_fails_at_224_gets_the_largest_side_it_runs_at(tmp_path, capsys):
+    """The image reshaped to a fixed 56x56 map: 224 and 112 fail on the
+    fp32 model, 56 runs, and the inputs: line says so and why."""
+    w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["image", "W"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Reshape", ["c", "shape"], ["y"]),
+    ]
+    inits = [init("W", w), init("shape", np.array([1, 4 * 56 * 56]))]
+    m = model(nodes, [value("image", shape=("batch", 3, "h", "w"))], [value("y", shape=(1, 4 * 56 * 56))], inits)
+    path = tmp_path / "fixed.onnx"
+    onnx.save(m, str(path))
+    code, line, report = _convert(path, tmp_path, capsys)
+    assert code == 0, line
+    assert "image float32[1x3x56x56]" in line and "h=56, w=56" in line
+    assert "(h=224, w=224 fails on the fp32 model: Reshape node" in line
+    assert report["inputs"]["generated"][0]["shape"] == [1, 3, 56, 56]
+
+
+def test_a_float_sequence_input_gets_a_sequence_and_a_kv_cache_keeps_its_lengths():
+    """A float sequence (the zoo's control-flow model: batch x time x 32)
+    gets DEFAULT_TOKENS steps, not 1; a KV cache's past dimension keeps
+    the length the token inputs give it (half past, half new)."""
+    controlflow = make_source(onnx.load(str(ROOT / "models/zoo/controlflow.onnx")))
+    assert controlflow.generated_shape(controlflow.specs[0]) == (1, DEFAULT_TOKENS, 32)
+    past = make_source(onnx.load(str(GPT2_PAST)))
+    shapes = {s.name: past.generated_shape(s) for s in past.specs}
+    assert shapes["past_0"][3] == past.lengths.dims["past_seq"] and shapes["past_0"][3] > 1
+    assert shapes["past_0"][1] == 1  # (its batch)
