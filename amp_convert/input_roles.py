@@ -20,6 +20,9 @@ scores):
 * **index** (integers in [0, rows)): it is the indices of a Gather whose
   data is a constant table (an embedding), or EmbedLayerNormalization's
   input_ids / segment_ids: rows is the smallest such table's size;
+* **mask**, also: summed (ReduceSum) on its way to GroupQueryAttention's
+  seqlens_k or total_sequence_length: the lengths a padding mask makes
+  (a random 0/1 mask would cut every sequence short);
 * **mask**, again: it reaches a Softmax (an additive mask added to the
   scores) and none of the rules above holds.
 
@@ -47,6 +50,8 @@ _CARRIERS = frozenset(
         *("And", "Or", "Where", "Min", "Max", "Clip"),
     }
 )
+# Ops that sum what they carry on: a mask summed into sequence lengths.
+_SUMMERS = frozenset({"ReduceSum"})
 # Ops that carry on the values of their data input (slot 0) only.
 _PICKERS = frozenset({"Gather", "GatherElements", "GatherND"})
 # (domain, op) -> {input slot: role}, for the ops whose slots say what they read.
@@ -61,6 +66,7 @@ _SLOTS: dict[tuple[str, str], dict[int, str]] = {
     ("com.microsoft", "LongformerAttention"): {3: "mask"},
     ("com.microsoft", "EmbedLayerNormalization"): {0: "index", 1: "index", 7: "mask", 8: "positions"},
     ("com.microsoft", "RotaryEmbedding"): {1: "positions"},
+    ("com.microsoft", "GroupQueryAttention"): {5: "lengths", 6: "lengths", 9: "positions"},
     ("", "Attention"): {3: "mask"},
     ("", "Softmax"): {0: "softmax"},
 }
@@ -108,9 +114,9 @@ def input_roles(model: onnx.ModelProto) -> dict[str, InputRole]:
 def _role(name: str, readers, tables: dict[str, tuple[int, ...]]) -> InputRole | None:
     """The role of the tensor ``name`` from what it reaches (see the module's docstring)."""
     reached: dict[str, InputRole] = {}
-    seen, frontier = {name}, [name]
+    seen, frontier = {name}, [(name, False)]
     while frontier:
-        tensor = frontier.pop()
+        tensor, summed = frontier.pop()  # (summed: a ReduceSum is on the way)
         for node, k in readers.get(tensor, ()):
             label = f"{node.op_type} {node.name!r}" if node.name else node.op_type
             domain = "" if node.domain in ("", "ai.onnx") else node.domain
@@ -118,7 +124,10 @@ def _role(name: str, readers, tables: dict[str, tuple[int, ...]]) -> InputRole |
             table_slot = _TABLES.get((domain, node.op_type), {}).get(k)
             table = node.input[table_slot] if table_slot is not None and table_slot < len(node.input) else ""
             rows = (tables.get(table) or (None,))[0] if table else None
-            if slot_role == "index":
+            if slot_role == "lengths":  # (summed, the mask's ones are the lengths; as given, no rule says what they are)
+                if summed:
+                    reached.setdefault("mask", InputRole("mask", f"summed into input {k} of {label} (sequence lengths)"))
+            elif slot_role == "index":
                 if rows:
                     _keep_smallest(reached, InputRole("index", f"indexes the rows of {table!r} ({label})", rows))
             elif slot_role is not None:
@@ -129,11 +138,11 @@ def _role(name: str, readers, tables: dict[str, tuple[int, ...]]) -> InputRole |
                 if dims and -len(dims) <= axis < len(dims) and dims[axis] > 0:
                     why = f"indexes the rows of {node.input[0]!r} ({label})"
                     _keep_smallest(reached, InputRole("index", why, dims[axis]))
-            elif domain == "" and (node.op_type in _CARRIERS or (node.op_type in _PICKERS and k == 0)):
+            elif domain == "" and (node.op_type in _CARRIERS | _SUMMERS or (node.op_type in _PICKERS and k == 0)):
                 for out in node.output:
                     if out and out not in seen:
                         seen.add(out)
-                        frontier.append(out)
+                        frontier.append((out, summed or node.op_type in _SUMMERS))
     if "mask" in reached or "positions" in reached:
         return reached.get("mask") or reached["positions"]
     index = reached.get("index")

@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
+from onnx import TensorProto, helper, numpy_helper
 
 from amp_convert.input_roles import input_roles
 from amp_convert.inputs import make_source
@@ -72,3 +74,61 @@ def test_a_mask_is_followed_through_the_gather_that_picks_it():
     bert = onnx.load(str(Path(__file__).resolve().parents[1] / "models" / "zoo" / "bert.onnx"))
     roles = {k: (r.kind, r.rows) for k, r in input_roles(bert).items()}
     assert roles == {"input_ids": ("index", 1000), "attention_mask": ("mask", None), "token_type_ids": ("index", 2)}
+
+
+def _gqa_model(seqlens_from_mask: bool = True) -> onnx.ModelProto:
+    """A GroupQueryAttention decoder layer as onnxruntime's builders make it:
+    seqlens_k = ReduceSum(attention_mask) - 1, total_sequence_length =
+    Shape(attention_mask)[1]; or (``seqlens_from_mask`` false) seqlens_k a
+    graph input of its own."""
+    rng = np.random.default_rng(0)
+    hidden, heads, kv_heads, head = 32, 4, 2, 8
+    kv = kv_heads * head
+    weights = {"emb": (50, hidden), "Wq": (hidden, heads * head), "Wk": (hidden, kv), "Wv": (hidden, kv)}
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.2).astype(np.float32), n) for n, s in weights.items()]
+    inits += [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("axes", [1]), ("one", 1), ("at1", 1))]
+    nodes = [
+        helper.make_node("Gather", ["emb", "input_ids"], ["x"]),
+        *(helper.make_node("MatMul", ["x", w], [w.lower()]) for w in ("Wq", "Wk", "Wv")),
+        helper.make_node("Shape", ["attention_mask"], ["mask_shape"]),
+        helper.make_node("Gather", ["mask_shape", "at1"], ["total64"]),
+        helper.make_node("Cast", ["total64"], ["total"], to=TensorProto.INT32),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]),
+    ]
+    if seqlens_from_mask:
+        nodes += [
+            helper.make_node("ReduceSum", ["attention_mask", "axes"], ["summed"]),
+            helper.make_node("Sub", ["summed", "one"], ["lengths"]),
+            helper.make_node("Cast", ["lengths"], ["seqlens_k"], to=TensorProto.INT32),
+        ]
+    else:
+        inputs.append(helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"]))
+    attrs = {"num_heads": heads, "kv_num_heads": kv_heads}
+    gqa = ["wq", "wk", "wv", "", "", "seqlens_k", "total"]
+    nodes.append(helper.make_node("GroupQueryAttention", gqa, ["y", "pk", "pv"], domain="com.microsoft", **attrs))
+    output = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", heads * head])
+    graph = helper.make_graph(nodes, "gqa", inputs, [output], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 8
+    return m
+
+
+def test_a_mask_summed_into_group_query_attentions_lengths_is_ones(tmp_path):
+    """A random 0/1 mask summed into seqlens_k would cut every sequence
+    short (onnxruntime then attends to a few tokens and repeats them): the
+    mask is all ones, and the conversion validates on it. A seqlens_k given
+    as an input of its own is not a mask."""
+    m = _gqa_model()
+    roles = input_roles(m)
+    assert roles["attention_mask"].kind == "mask" and "GroupQueryAttention (sequence lengths)" in roles["attention_mask"].why
+    assert roles["input_ids"].kind == "index" and roles["input_ids"].rows == 50
+    assert all((s["attention_mask"] == 1).all() and s["attention_mask"].shape[1] > 1 for s in make_source(m))
+    path = tmp_path / "gqa.onnx"
+    onnx.save(m, str(path))
+    proc = _cli(str(path), "--level", "O2", "-o", str(tmp_path / "o.onnx"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "attention_mask int64[1x128] ones" in proc.stdout
+    assert "seqlens_k" not in input_roles(_gqa_model(seqlens_from_mask=False))
