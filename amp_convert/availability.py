@@ -66,7 +66,7 @@ class KernelRule:
             return None
         return (
             f"kernels: {kept} node(s) kept fp32 for want of a {self.low.name} kernel on {self.provider}, "
-            f"by the {kernel_table(self.provider).source} (--target-provider none turns this off)"
+            f"by the {kernel_table(self.provider).source} (`target_provider` none turns this off)"
         )
 
 

@@ -25,7 +25,7 @@ from .cli_options import (
     to_validation_options,
     validation_options,
 )
-from .cli_output import echo_lists, echo_reports, echo_summary, hooks, stage_line
+from .cli_output import echo, echo_lists, echo_reports, echo_summary, hooks, stage_line
 from .cli_params import spelled_as_flags
 from .errors import AmpError, ConversionError
 from .lists import LEVELS, PROFILES
@@ -93,12 +93,12 @@ def convert_command(model: Path, output: Path | None, **kw: Any) -> None:
     talk = not kw["quiet"] and not kw["json_out"]
     if run.auto is not None and not run.passed and talk:
         failing = run.auto.failures()
-        click.echo(
+        echo(
             f"auto: no low-precision assignment met the tolerance in {run.auto.tried}; the closest, "
             f"trial {run.auto.chosen}, fails {'on ' + failing if failing else 'as shown'} (--write-on-fail writes it)"
         )
     if kw["explain"] and not kw["json_out"]:
-        click.echo(run.conversion.plan.format_table())
+        echo(run.conversion.plan.format_table())
     echo_reports(run.report, kw)
     if talk:
         echo_summary(run, model)

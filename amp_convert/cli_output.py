@@ -15,6 +15,14 @@ from .cli_params import spelled_as_flags
 from .lists import ORT_QUANTIZED_OPS, OpLists
 
 
+def echo(text: str, err: bool = False, nl: bool = True) -> None:
+    """Print ``text`` with the library's backquoted fields (`` `keep_fp32` ``)
+    spelled as the running command's flags (--keep-fp32): every library text
+    the commands print (notes, reasons, report lines, warnings) goes through here."""
+    context = click.get_current_context(silent=True)
+    click.echo(spelled_as_flags(text, context.command if context else None), err=err, nl=nl)
+
+
 def echo_summary(run, model: Path) -> None:
     """What the conversion did, after the report: clipping, hints, the coverage warning, one summary line."""
     from .report_text import clipping_summary
@@ -22,18 +30,18 @@ def echo_summary(run, model: Path) -> None:
     report, result = run.report.data, run.conversion
     clipping = clipping_summary(report)
     if clipping:
-        click.echo(clipping)
+        echo(clipping)
     for hint in result.plan.hints:
-        click.echo(f"hint: {hint}")
+        echo(f"hint: {hint}")
     covered = report["plan"]["coverage"]
     if covered["warning"]:
-        click.echo(covered["warning"], err=True)
+        echo(covered["warning"], err=True)
     c, size = report["plan"]["counts"], report["size"]
     searched = run.auto
     level = f"auto ({searched.tried}, {searched.low_compute:.1%} of compute low)" if searched else result.plan.level
     share = "" if searched else f" ({covered['summary']})"
     written = run.output if run.written else "(not written: out of tolerance; --write-on-fail writes it)"
-    click.echo(
+    echo(
         f"{model} -> {written}: {level} {result.plan.dtype}, "
         f"{c['low']} low / {c['fp32']} fp32 / {c['unchanged']} unchanged nodes{share}, "
         f"casts {result.casts_before} -> {result.casts_after}, "
@@ -52,7 +60,7 @@ def hooks(kw: dict, on_stage: Callable[[str], None] | None = None):
 
     def trial(t) -> None:
         verdict = "pass" if t.passed else "fail"
-        click.echo(f"trial {t.number}: {t.step}: {verdict}, {t.low_compute:.1%} of compute low", err=True)
+        echo(f"trial {t.number}: {t.step}: {verdict}, {t.low_compute:.1%} of compute low", err=True)
 
     @contextlib.contextmanager
     def validating(count: int | None) -> Iterator[Callable[[int], None]]:
@@ -60,10 +68,7 @@ def hooks(kw: dict, on_stage: Callable[[str], None] | None = None):
         with click.progressbar(length=count or 1, label="validating", file=sys.stderr) as bar:
             yield bar.update
 
-    def announce(line: str) -> None:  # (the library names fields: `input_shape` -> --input-shape)
-        click.echo(spelled_as_flags(line, click.get_current_context().command))
-
-    return Hooks(inputs=announce, stage=on_stage, trial=trial, validating=validating if sys.stderr.isatty() else None)
+    return Hooks(inputs=echo, stage=on_stage, trial=trial, validating=validating if sys.stderr.isatty() else None)
 
 
 @contextlib.contextmanager
@@ -85,10 +90,11 @@ def stage_line(kw: dict):
 
 
 def echo_reports(report, kw: dict) -> None:
+    """The report as JSON (library output: its fields stay as named) under --json, else its terminal table."""
     if kw["json_out"]:
         click.echo(report.to_json())
     elif not kw["quiet"] and report.data["validation"] is not None:
-        click.echo(report.to_text())
+        echo(report.to_text())
 
 
 def mb(n: int) -> str:
@@ -113,6 +119,6 @@ def echo_lists(profile: str, level: str, dtype: str, lists: OpLists) -> None:
     for title, table in tables:
         click.echo(f"\n{title} ({len(table)}):")
         for op in sorted(table):
-            click.echo(f"  {op:{width}s} {table[op]}")
+            echo(f"  {op:{width}s} {table[op]}")
     unlisted = "follow their inputs" if lists.unlisted_follow else ("fp32" if level == "O1" else "low")
     click.echo(f"\nunlisted ops: {unlisted} at {level}")

@@ -318,7 +318,7 @@ class ErrorStats:
         if self.sum_sq_ref > 0 and self.sum_sq_cand == 0:
             text = (
                 f"every value became 0 (fp32 reaches {self.max_abs_ref:.3g}); it passes only because the whole "
-                "output is within --atol of 0: lower --atol to judge it"
+                "output is within `atol` of 0: lower `atol` to judge it"
             )
             return [OutputWarning("all_zeros", text)]
         mixed = self.axis_scales.warning(self.max_abs_ref, tol) if tol is not None else None

@@ -84,7 +84,7 @@ class AxisScales:
         how = f"{share:.0%} of {their} own range" if part > 0 else "where fp32 is 0"
         return (
             f"along axis {axis}, {at} {reach} at most {part:.3g} in fp32 (the output {max_abs_ref:.3g}, the scale "
-            f"it is judged at) and {are} off by up to {float(errors[off].max()):.3g}, {how}: give a lower --rtol to "
+            f"it is judged at) and {are} off by up to {float(errors[off].max()):.3g}, {how}: give a lower `rtol` to "
             f"judge {them} at {their} own scale, or validate {them} as an output of {their} own"
         )
 

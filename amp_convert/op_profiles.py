@@ -312,10 +312,10 @@ def resolve_lists(
     white, black, follow, unlisted_follow = builtin_lists(profile, level, dtype)
     notes: list[str] = []
     if only_white_list is not None:
-        white = {op: "--only-white-list" for op in only_white_list}
+        white = {op: "`only_white_list`" for op in only_white_list}
         black = {}
     if only_black_list is not None:
-        black = {op: "--only-black-list" for op in only_black_list}
+        black = {op: "`only_black_list`" for op in only_black_list}
     if level == "O3":
         # O3 runs everything low: no built-in black list, only the explicit switches below.
         black = {}
@@ -326,13 +326,13 @@ def resolve_lists(
         black.setdefault(BATCHNORM, "keep_batchnorm_fp32")
     elif keep_batchnorm_fp32 is False and BATCHNORM in black:
         del black[BATCHNORM]
-        notes.append("BatchNormalization removed from the black list (--no-keep-batchnorm-fp32)")
+        notes.append("BatchNormalization removed from the black list (`keep_batchnorm_fp32` false)")
     for op in sorted(white_add):
-        white[op] = "--white-list"
+        white[op] = "`white_list`"
         if black.pop(op, None) is not None:
             notes.append(f"{op} moved from the black to the white list")
     for op in sorted(black_add):
-        black[op] = "--black-list"
+        black[op] = "`black_list`"
         if white.pop(op, None) is not None:
             notes.append(f"{op} moved from the white to the black list")
     for op in list(follow):

@@ -156,7 +156,7 @@ def _opset_hint(op_type: str, domain: str, opset: int, low: LowDtype) -> str:
         return ""
     newer, loads = found
     if loads:
-        return f"; it does from opset {newer} (--target-opset {newer})"
+        return f"; it does from opset {newer} (`target_opset` {newer})"
     import onnxruntime
 
     from .ortversions import newest_loaded_opset

@@ -27,8 +27,8 @@ def check_target_opset(model: onnx.ModelProto, target: int | None) -> None:
     current = model_opsets(model).get("", 0)
     if target is not None and target < current:
         raise AmpError(
-            f"--target-opset {target} is below the model's opset {current}: lowering an opset is not supported; "
-            f"give {current} or higher, or leave --target-opset out"
+            f"`target_opset` {target} is below the model's opset {current}: lowering an opset is not supported; "
+            f"give {current} or higher, or leave `target_opset` out"
         )
 
 
@@ -70,7 +70,7 @@ def _check_inference(upgraded: onnx.ModelProto, current: int, target: int) -> No
         raise AmpError(
             f"upgraded from opset {current} to {target}, the model fails ONNX shape inference ({detail}): the "
             "input declares a shape or type that inference at that opset contradicts; repair or re-export the "
-            "model, or give a --target-opset it passes at"
+            "model, or give a `target_opset` it passes at"
         ) from None
 
 

@@ -247,7 +247,7 @@ def _fold_note(folded: list[tuple[str, str]], level: str) -> str:
     n = len(folded)
     return (
         f"{n} BatchNormalization node{'s' if n != 1 else ''} folded into the Conv before {'them' if n != 1 else 'it'}, "
-        f"in fp32 ({level} keeps BatchNormalization fp32; --no-fold-batchnorm keeps the nodes)"
+        f"in fp32 ({level} keeps BatchNormalization fp32; `fold_batchnorm` false keeps the nodes)"
     )
 
 

@@ -124,7 +124,7 @@ class Planner:
         later = self._admitted_later
         return (
             f"{', '.join(sorted(later))} stay fp32: the schemas at opset {self.opsets.get('', 0)} admit no "
-            f"{self.low.name} for them; --target-opset {max(later.values())} upgrades the model to one whose schemas do"
+            f"{self.low.name} for them; `target_opset` {max(later.values())} upgrades the model to one whose schemas do"
         )
 
     def _plan_graph(self, ctx: GraphContext) -> None:
@@ -242,12 +242,12 @@ class Planner:
             return Precision.FP32, "custom-domain", f"custom-domain op {key}: fp32 unless on the white list", FIXED
         for pattern in self.keep_patterns:
             if pattern.search(label):
-                return Precision.FP32, "user-keep-fp32", f"--keep-fp32 {pattern.pattern!r}", FIXED
+                return Precision.FP32, "user-keep-fp32", f"`keep_fp32` {pattern.pattern!r}", FIXED
         if label in self.keep_names:
             return Precision.FP32, "auto-keep-fp32", "auto search: kept fp32 (it added error)", FIXED
         for pattern in self.force_patterns:
             if pattern.search(label):
-                return Precision.LOW, "user-force-low", f"--force-low {pattern.pattern!r}", FIXED
+                return Precision.LOW, "user-force-low", f"`force_low` {pattern.pattern!r}", FIXED
         if label in self.force_names:
             return Precision.LOW, "auto-force-low", "auto search: runs low within tolerance", FIXED
         if default_domain and op in SOURCE_OPS:

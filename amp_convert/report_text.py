@@ -101,7 +101,7 @@ def _metric_rows(label: str, out: dict, tol: dict, judged_only: bool = False) ->
 
 # The terminal table's row for each kind of warning (its text follows the table).
 _WARNING_ROWS = {
-    "all_zeros": ("all zeros", "yes", "within --atol", "WARN"),
+    "all_zeros": ("all zeros", "yes", "within `atol`", "WARN"),
     "mixed_scales": ("mixed scales", "part off", "see below", "WARN"),
 }
 
@@ -140,5 +140,5 @@ def pinned_summary(pinned: dict) -> str:
         own += f"; {moved} chose a different number of elements in some sample"
     return (
         f"{len(selections)} choice(s) pinned to the fp32 model's ({kinds}), so outputs compare values, "
-        f"not tie-breaks; {own} (--no-pin-choices compares as is)"
+        f"not tie-breaks; {own} (`pin_choices` false compares as is)"
     )

@@ -260,7 +260,7 @@ def save_model(
         if measured.total > PROTOBUF_LIMIT:
             raise AmpError(
                 f"{path}: the converted model is over 2 GiB, more than a single .onnx file can hold; "
-                "use --external-data auto or always; nothing was written"
+                "use `external_data` auto or always; nothing was written"
             )
         with atomic_path(target, meanwhile) as tmp:
             write_model_file(model, tmp, measured.serialized)

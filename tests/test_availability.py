@@ -41,6 +41,7 @@ def test_bf16_cnn_keeps_pools_without_a_cuda_kernel_fp32(resnet, op):
     assert all(e.precision == Precision.LOW for e in _entries(plan, "Conv"))
     [note] = [n for n in plan.notes if n.startswith("kernels:")]
     assert "for want of a bfloat16 kernel on CUDAExecutionProvider" in note and "snapshot" in note
+    assert note.endswith("(`target_provider` none turns this off)")
 
 
 @pytest.mark.parametrize("op", ["GlobalAveragePool", "MaxPool"])

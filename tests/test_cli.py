@@ -728,6 +728,26 @@ def test_a_model_whose_twin_and_itself_onnxruntime_cannot_load_is_the_inputs_fai
     assert "the input model cannot be loaded by onnxruntime: " in err and "twin" not in err
 
 
+def test_the_library_names_fields_where_the_command_prints_their_flags(resnet, tmp_path, capsys):
+    """A per-node reason (the --keep-fp32 pattern) and a hint (the bf16
+    --target-opset upgrade) name the option's field in the plan the library
+    returns, and the command prints them with the flag."""
+    plan = convert(onnx.load(str(resnet)), level="O2", dtype="bf16", keep_fp32=["^/conv1/"]).plan
+    assert plan.by_name("/conv1/Conv").reason == "`keep_fp32` '^/conv1/'"
+    [hint] = plan.hints
+    assert "; `target_opset` 22 upgrades the model" in hint
+    schema = plan.by_name("/layer1/layer1.0/conv1/Conv").reason
+    assert "it does from opset 22 (`target_opset` 22)" in schema
+    args = [str(resnet), "--dtype", "bf16", "--keep-fp32", "^/conv1/", "--explain", "--no-validate"]
+    assert main([*args, "-o", str(tmp_path / "o.onnx")]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("main ")}
+    assert rows["/conv1/Conv"].endswith("  --keep-fp32 '^/conv1/'")
+    assert rows["/layer1/layer1.0/conv1/Conv"].endswith(schema.replace("`target_opset`", "--target-opset"))
+    assert "hint: " + hint.replace("`target_opset`", "--target-opset") in out.splitlines()
+    assert "`" not in out
+
+
 def test_a_bf16_plan_that_keeps_convs_fp32_for_the_opset_says_so_beside_the_summary(resnet, tmp_path):
     """Below opset 22 the schemas admit no bf16 Conv: the summary line alone
     (14 of 53 nodes low) does not say why or what to do; a hint line does,

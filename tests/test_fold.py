@@ -116,7 +116,7 @@ def test_o2_folds_batchnorm_and_says_so(resnet):
     assert all(e.precision == Precision.LOW for e in result.plan if e.op_type == "Conv")
     assert len(result.plan.folded) == 16 and ("/bn1/BatchNormalization", "/conv1/Conv") in result.plan.folded
     [note] = [n for n in result.plan.notes if "folded into the Conv" in n]
-    assert note.startswith("16 BatchNormalization nodes folded") and "--no-fold-batchnorm" in note
+    assert note.startswith("16 BatchNormalization nodes folded") and "`fold_batchnorm` false keeps the nodes" in note
     assert result.casts_after == 2  # the model's input and output only
 
 

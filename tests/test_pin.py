@@ -93,6 +93,7 @@ def test_pinned_choices_compare_values_not_tie_breaks(ties_path, tmp_path):
     assert choice["agreement"] < 1.0
     assert [i["name"] for i in v["pinned"]["inputs"]] == ["raw"] and v["pinned"]["inputs"][0]["passed"]
     assert "1 choice(s) pinned to the fp32 model's (TopK 1)" in pinned.stdout
+    assert "(--no-pin-choices compares as is)" in pinned.stdout  # (the report's `pin_choices` false, as a flag)
 
     unpinned = cli(str(ties_path), "--level", "O2", "-o", str(tmp_path / "b.onnx"), "--input-range", "x=1:2", "--no-pin-choices")
     assert unpinned.returncode == 1, unpinned.stdout + unpinned.stderr

@@ -127,7 +127,7 @@ def test_user_white_and_black_lists_move_ops():
     m = mm_chain(("Softmax",))
     _, plan = convert(m, level="O2", white_list=["Softmax"], black_list=["MatMul"])
     assert plan.by_name("mid0").precision is Precision.LOW and plan.by_name("mid0").rule == "white-list"
-    assert plan.by_name("mm1").precision is Precision.FP32 and plan.by_name("mm1").reason == "black list: --black-list"
+    assert plan.by_name("mm1").precision is Precision.FP32 and plan.by_name("mm1").reason == "black list: `black_list`"
 
 
 def test_only_white_list_behaves_as_o1_with_that_list():
@@ -244,10 +244,10 @@ def test_bf16_follows_the_schema_at_the_models_opset():
     assert plan22.by_name("conv").precision is Precision.LOW
     assert init_type(out22, "W") == BF16
     # The plan says once why the Convs stay fp32, and what would let them run low.
-    upgrade = "Conv stay fp32: the schemas at opset 17 admit no bfloat16 for them; --target-opset 22 upgrades"
-    hints = [n for n in plan17.notes if "--target-opset" in n]
+    upgrade = "Conv stay fp32: the schemas at opset 17 admit no bfloat16 for them; `target_opset` 22 upgrades"
+    hints = [n for n in plan17.notes if "`target_opset`" in n]
     assert len(hints) == 1 and hints[0].startswith(upgrade)
-    assert not [n for n in plan22.notes if "--target-opset" in n]
+    assert not [n for n in plan22.notes if "`target_opset`" in n]
 
 
 def _onnxruntime_loads(opset: int) -> bool:
@@ -265,7 +265,7 @@ def _onnxruntime_loads(opset: int) -> bool:
 def test_a_schema_hint_names_no_target_opset_onnxruntime_cannot_load():
     """A float Range admits float16 only from an opset newer than onnxruntime
     loads (27, against 1.31's 26): the reason says so, and suggests no
-    --target-opset that would only move the refusal to the runtime."""
+    `target_opset` that would only move the refusal to the runtime."""
     nodes = [
         helper.make_node("Range", ["start", "limit", "delta"], ["r"], name="range"),
         helper.make_node("Add", ["x", "r"], ["y"], name="add"),
@@ -278,7 +278,7 @@ def test_a_schema_hint_names_no_target_opset_onnxruntime_cannot_load():
     if _onnxruntime_loads(newer):
         pytest.skip(f"onnxruntime {ort.__version__} loads opset {newer}: the hint may name it")
     assert f"which onnxruntime {ort.__version__} does not load" in reason
-    assert "--target-opset" not in reason and not [n for n in plan.notes if "--target-opset" in n]
+    assert "`target_opset`" not in reason and not [n for n in plan.notes if "`target_opset`" in n]
 
 
 def test_integer_computation_is_untouched():

@@ -533,7 +533,7 @@ def test_auto_cli_reports_trials(hostile_dir, tmp_path):
 def test_auto_bf16_below_opset_22_says_the_upgrade_that_would_run_the_convs_low(tmp_path, opset):
     """Below opset 22 no Conv, MaxPool or GlobalAveragePool schema admits
     bfloat16: auto's best keeps them fp32, a few percent of the compute low,
-    and the plan's notes name --target-opset 22. At 22 they run low, and
+    and the report's plan notes name `target_opset` 22. At 22 they run low, and
     there is no such note."""
     reference = onnx.load(ZOO["resnet50"]["path"])
     source = tmp_path / "resnet.onnx"
@@ -542,12 +542,12 @@ def test_auto_bf16_below_opset_22_says_the_upgrade_that_would_run_the_convs_low(
     proc = cli(str(source), "--level", "auto", "--dtype", "bf16", "-o", str(tmp_path / "a.onnx"), "--report", str(report))
     assert proc.returncode == 0, proc.stderr
     data = json.loads(report.read_text())
-    hints = [n for n in data["plan"]["notes"] if "--target-opset" in n]
+    hints = [n for n in data["plan"]["notes"] if "`target_opset`" in n]
     if opset < 22:
         assert data["auto"]["low_compute"] < 0.1
         assert hints == [
             "Conv, GlobalAveragePool, MaxPool stay fp32: the schemas at opset 17 admit no bfloat16 for them; "
-            "--target-opset 22 upgrades the model to one whose schemas do"
+            "`target_opset` 22 upgrades the model to one whose schemas do"
         ]
     else:
         assert data["auto"]["low_compute"] > 0.9 and hints == []

@@ -1298,7 +1298,7 @@ def test_a_part_of_one_index_is_named_in_the_singular():
         "along axis 1, index 1 reaches at most 0.5 in fp32 (the output 300, the scale it is judged at)"
     )
     assert warning.text.endswith(
-        "and is off by up to 0.3, 60% of its own range: give a lower --rtol to judge it at its own scale, "
+        "and is off by up to 0.3, 60% of its own range: give a lower `rtol` to judge it at its own scale, "
         "or validate it as an output of its own"
     )
 
