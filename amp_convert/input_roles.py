@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 import onnx
 
+from .constant_stats import constant_values
 from .graph import graph_initializers
-from .safety import constant_values
 
 # Ops that carry an input's values on to their outputs (possibly changed):
 # what they feed is what the input feeds.

@@ -11,14 +11,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from .constant_stats import ValueStats, raw_float32, segment_counts, value_stats
 from .dtypes import LowDtype
 from .external import read_array, retype_external
-from .safety import (
-    ValueStats,
-    raw_float32,
-    segment_counts,
-    value_stats,
-)
 
 
 @dataclass

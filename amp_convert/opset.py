@@ -13,11 +13,11 @@ import onnx
 import onnx.version_converter
 from onnx import helper, numpy_helper
 
+from .constant_stats import attribute_constant
 from .errors import AmpError
 from .graph import NameGenerator, NodeLabels, nested_graphs, node_subgraphs
 from .ortschema import check_with_extras
 from .ortversions import min_ir_for_opset
-from .safety import attribute_constant
 from .schema import is_default_domain, model_opsets
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .constant_stats import attribute_constant, constant_array, small_raw, value_stats
 from .demand import Demand
 from .dtypes import FLOAT, TYPE_STR_TO_ELEM, LowDtype
 from .external import is_external, read_array
@@ -33,15 +34,7 @@ from .lists import DTYPE_AGNOSTIC_INPUTS, DTYPE_ATTRIBUTE_OPS, PASS_THROUGH_ATTR
 from .lower_values import RewriteStats, lower_small_tensors, lower_tensor, to_low_array
 from .plan import Plan, Precision
 from .rewrite_targets import REWRITTEN_OPS, constant_writes, nodes_to_visit, slot_reads
-from .safety import (
-    ConstantRanges,
-    attribute_constant,
-    constant_array,
-    held_constant,
-    small_raw,
-    unused_values,
-    value_stats,
-)
+from .safety import ConstantRanges, held_constant, unused_values
 from .schema import is_default_domain
 
 

@@ -18,11 +18,12 @@ from onnx import helper
 from amp_convert import ConvertOptions, Precision, convert
 from amp_convert.auto import auto_convert
 from amp_convert.calibrate import calibrate
+from amp_convert.constant_stats import chunked_facts, segment_counts, value_stats
 from amp_convert.dtypes import BF16, FP16
 from amp_convert.inputs import make_source
 from amp_convert.lower_values import RewriteStats, lower_small_tensors, lower_tensor
 from amp_convert.opset import upgrade_opset
-from amp_convert.safety import ConstantRanges, chunked_facts, segment_counts, value_stats
+from amp_convert.safety import ConstantRanges
 from amp_convert.validation import ValidationConfig, validate
 from models.hostile import CULPRITS, HOSTILE
 from models.zoo_inputs import load_manifest
