@@ -118,7 +118,7 @@ def convert(
 
 
 def _auto(model, options, checking, auto, check, on_trial, external_dir) -> ConversionResult:
-    from .workflow import auto_search, calibration_ranges, calibration_samples, input_source
+    from .validation_steps import auto_search, calibration_ranges, calibration_samples, input_source
 
     reference = load_input(model)
     source = input_source(reference, checking)
@@ -166,7 +166,7 @@ def validate(
         amp-convert's (such as an emulation twin onnxruntime cannot load).
     """
     from .blame import run_failures
-    from .workflow import input_source, validate_models
+    from .validation_steps import input_source, validate_models
 
     checking = with_fields(options or ValidationOptions(), fields_given).validated()
     ref, cand = load_input(reference), load_input(candidate)

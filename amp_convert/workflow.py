@@ -5,28 +5,33 @@ prints what they return."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .blame import run_failures
-from .errors import AmpError, ConversionError, UsageError
+from .errors import ConversionError, UsageError
 from .load import remember_inputs
 from .options import AutoOptions, ConvertOptions, OutputOptions, ValidationOptions
+from .output_paths import check_outputs, files_size
 from .report import Report
+from .validation_steps import (
+    auto_search,
+    calibration_ranges,
+    calibration_samples,
+    check_target_runs,
+    check_unused_options,
+    input_loads,
+    input_source,
+    validate_models,
+)
 
 if TYPE_CHECKING:
-    import onnx
-
     from .auto import AutoResult, Trial
-    from .calibrate import Calibration
-    from .inputs import InputSource
     from .pipeline import ConversionResult
-    from .plan import Plan
     from .validation import ValidationResult
 
 
@@ -148,16 +153,14 @@ class _Conversion:
             self.node_count = len(reference.graph.node)
             self.size_before = files_size(self.model, loaded.external_files)
             calibrating = self.auto is not None or options.safety_on  # (the calibrated rule is on: its samples are read)
-            _check_unused(reference, checking, validating, calibrating=calibrating and bool(calibration_files))
+            check_unused_options(reference, checking, validating, calibrating=calibrating and bool(calibration_files))
             source = input_source(reference, checking, self.hooks.inputs) if validating else None
             self.source = source
             calibration_source, samples = (
                 calibration_samples(reference, checking) if calibrating and calibration_files else (source, source)
             )
             if source is not None and options.target_opset is not None:
-                _check_target_runs(
-                    reference, options.target_opset, partial(_input_loads, reference, checking, self.folder, source)
-                )
+                check_target_runs(reference, options.target_opset, partial(input_loads, reference, checking, self.folder, source))
             calibration = (
                 calibration_ranges(reference, samples, calibration_source, checking, self.folder) if calibrating else None
             )
@@ -208,8 +211,8 @@ class _Conversion:
                 if calibration is not None:
                     calibration.session = None  # (its memory goes before the model is written)
         if calibration_files and not calibrating:
-            rules = "--no-safety" if options.safety is False else f"at {options.effective_level}; --safety turns them on"
-            result.plan.notes.append(f"--calibration not read: the safety rules, which use it, are off ({rules})")
+            rules = "`safety` false" if options.safety is False else f"at {options.effective_level}; `safety` turns them on"
+            result.plan.notes.append(f"`calibration` not read: the safety rules, which use it, are off ({rules})")
         return self._write(result, validated)
 
     def _write(self, result: ConversionResult, validated: ValidationResult | None) -> Run:
@@ -345,203 +348,3 @@ def write_reports_to(files, report: Report, outputs: OutputOptions) -> None:
         files.write(outputs.report, report.to_json())
     if outputs.html:
         files.write(outputs.html, report.to_html())
-
-
-def input_source(reference: onnx.ModelProto, options: ValidationOptions, announce: Callable[[str], None] | None = None):
-    """The validation inputs of ``options`` for ``reference``; where no input
-    option was given, ``announce`` is told what is generated."""
-    from .inputs import make_source
-
-    o = options
-    source = make_source(reference, o.inputs, o.input_shape, o.input_range, o.samples, o.seed)
-    if announce is not None and not o.inputs_given:
-        announce(source.summary())
-    return source
-
-
-def validate_models(
-    reference: onnx.ModelProto,
-    candidate: onnx.ModelProto,
-    source: InputSource,
-    options: ValidationOptions,
-    plan: Plan | None,
-    folder: Path | None = None,
-    calibration: Calibration | None = None,
-    dtype: str | None = None,
-    hooks: Hooks | None = None,
-    target_provider: str = "cuda",
-) -> ValidationResult:
-    """Compare ``candidate`` with ``reference`` on ``source``'s samples as
-    ``options`` says (``dtype``: the conversion's low dtype; None: the
-    candidate's, as detected; ``target_provider``: the one the conversion
-    aimed at)."""
-    from .emulate import detect_low_dtype
-    from .validation import validate
-
-    dtype = dtype or ("bf16" if detect_low_dtype(candidate) == 16 else "fp16")
-    config = validation_config(options, dtype, per_node=options.per_node, target_provider=target_provider)
-    run = partial(validate, reference, candidate, source, config, plan, base_dir=folder, calibration=calibration)
-    if hooks is None or hooks.validating is None:
-        result = run()
-    else:
-        with hooks.validating(source.count() or 1) as progress:
-            result = run(progress=progress)
-    result.inputs = source.describe()
-    return result
-
-
-def validation_config(options: ValidationOptions, dtype: str, per_node: bool | None, target_provider: str):
-    """The validator's :class:`~amp_convert.validation.ValidationConfig` for ``options``."""
-    from .tolerance import output_tolerances, run_tolerance
-    from .validation import ValidationConfig
-
-    return ValidationConfig(
-        options.provider,
-        options.emulate,
-        per_node,
-        options.top,
-        run_tolerance(options, dtype),
-        options.pin_choices,
-        dtype,
-        target_provider=target_provider,
-        tolerances=output_tolerances(options),
-    )
-
-
-def calibration_samples(reference, options: ValidationOptions) -> tuple[Any, Iterator[dict]]:
-    """The calibration files' source and its samples, the first one read (and
-    checked against the model) now: files that hold none are refused before
-    any onnxruntime session is built or anything converted (else the
-    calibrated rule would be off without a word)."""
-    from .inputs import make_source
-
-    o = options
-    given = make_source(reference, o.calibration, o.input_shape, o.input_range, o.samples, o.seed, option="calibration")
-    samples = iter(given)
-    first = next(samples)  # (files holding no sample are refused here: see InputSource)
-    return given, chain([first], samples)
-
-
-def calibration_ranges(reference, samples, source, options: ValidationOptions, folder: Path):
-    """fp32 value ranges for the calibrated safety rule (one streaming pass
-    over ``samples``, from ``source``: the calibration files', else the validation inputs)."""
-    if samples is None:
-        return None
-    from .calibrate import calibrate
-
-    with run_failures(source):
-        return calibrate(reference, samples, options.provider, base_dir=folder, emulate=options.emulate)
-
-
-def _check_unused(reference, options: ValidationOptions, validating: bool, calibrating: bool) -> None:
-    """Sample options this run does not read (``calibrating``: whether it reads the calibration files)
-    are vetted all the same: a missing file, an unknown input name are refused, as where they are read."""
-    given = (("inputs", options.inputs, validating), ("calibration", options.calibration, calibrating))
-    unread = [(option, files) for option, files, read in given if files and not read]
-    names = not (validating or calibrating) and (options.input_shape or options.input_range)
-    if not (unread or names):  # (nothing to vet: the inputs module stays unloaded)
-        return
-    from .inputs import check_unused
-
-    for option, files in unread:
-        check_unused(reference, files, option)
-    if names:
-        check_unused(reference, shapes=options.input_shape, ranges=options.input_range)
-
-
-def auto_search(
-    reference: onnx.ModelProto,
-    options: ConvertOptions,
-    auto: AutoOptions,
-    source: InputSource,
-    calibration: Calibration | None,
-    checking: ValidationOptions,
-    *,
-    check: str = "full",
-    on_trial: Callable[[Trial], None] | None = None,
-    folder: Path | None = None,
-) -> AutoResult:
-    """The ``level="auto"`` search on ``source``'s samples, judged as ``checking`` says."""
-    from .auto import auto_convert
-
-    config = validation_config(checking, options.dtype, per_node=True, target_provider=options.target_provider)
-    start = options.auto_start(auto.auto_from)
-    with run_failures(source, check=check):
-        return auto_convert(reference, options, source, config, calibration, auto.max_trials, start, check, on_trial, folder)
-
-
-def _check_target_runs(model, target: int, input_loads: Callable[[], None]) -> None:
-    """Validation runs the model at the opset ``target_opset`` asks for: one
-    onnxruntime cannot load is refused before anything is converted (else
-    its refusal would read as a conversion's failure), unless the input
-    does not load either (``input_loads`` raises): an IR version newer than
-    onnxruntime reads is the input's, which no opset would change."""
-    import onnxruntime
-
-    from .ortversions import min_ir_for_opset, version_refusal
-
-    ir_version = max(model.ir_version, min_ir_for_opset(target))
-    refusal = version_refusal(target, ir_version)
-    if refusal is not None:
-        input_loads()
-        raise UsageError(
-            f"`target_opset` {target}: onnxruntime {onnxruntime.__version__} loads no model at opset {target} "
-            f"(IR version {ir_version}): {refusal}; give a lower `target_opset`, or `validate` false to write it "
-            "unvalidated",
-            "target_opset",
-        )
-
-
-def _input_loads(reference, options: ValidationOptions, folder: Path, source) -> None:
-    """Load the input as validation runs it: where onnxruntime cannot, an
-    InputError naming the input (through :func:`run_failures`)."""
-    from .emulate import detect_low_dtype
-    from .runner import choose_provider, runnable
-
-    provider, _ = choose_provider(options.provider)
-    with run_failures(source):
-        runnable(reference, detect_low_dtype(reference), provider, options.emulate, (), folder, "reference")
-
-
-def files_size(model: Path, data_files: Iterable[str]) -> int:
-    """Bytes of a model file and of the external data files (named relative to its folder) it was read with."""
-    return model.stat().st_size + sum((model.parent / f).stat().st_size for f in data_files if (model.parent / f).is_file())
-
-
-def check_outputs(models: list[Path], targets: dict[str, Path | None], unchecked: Iterable[str] = ()) -> None:
-    """Refuse, before anything is written, an output that is one of
-    ``models`` or cannot be written as a file, or two outputs of one file.
-    ``targets``: each output by its label in messages (a field in
-    backquotes); ``unchecked``: labels whose path is only compared."""
-    seen: dict[Path, str] = {}
-    for label, target in targets.items():
-        if target is None:
-            continue
-        if label not in unchecked:
-            for model in models:
-                _check_output_path(model, target, label)
-        key = target.resolve()
-        if key in seen:
-            raise UsageError(f"{target}: given as both {seen[key]} and {label}; each output needs its own file", _named(label))
-        seen[key] = label
-
-
-def _named(label: str) -> str:
-    """The field a label names (`` `output`'s data file `` -> output)."""
-    return label.split("`")[1] if "`" in label else label
-
-
-def _check_output_path(model: Path, output: Path, label: str) -> None:
-    """Refuse the path given as ``label`` (named in the message) when it is the
-    input model or cannot be written as a file."""
-    from .saving import check_output_path
-
-    if output.exists() and model.exists() and output.resolve() == model.resolve():
-        raise UsageError(
-            f"{label} {output}: output is the input file; choose another {label} (the input is never overwritten)",
-            _named(label),
-        )
-    try:
-        check_output_path(output)
-    except AmpError as e:
-        raise UsageError(f"{label} {e}", _named(label)) from None
