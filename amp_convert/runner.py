@@ -73,7 +73,7 @@ def choose_provider(requested: str) -> tuple[str, str]:
         return "cpu", "requested"
     ok, why = cuda_usable()
     if requested == "cuda" and not ok:
-        raise AmpError(f"--provider cuda: {why}")
+        raise AmpError(f"`provider` cuda: {why}")
     return ("cuda", why) if ok else ("cpu", why)
 
 
@@ -158,7 +158,7 @@ _MISSING_KERNEL = re.compile(
 )
 
 
-_AIMED = {"cuda": "CUDA", "none": "no provider in particular (--target-provider none)"}
+_AIMED = {"cuda": "CUDA", "none": "no provider in particular (`target_provider` none)"}
 
 
 @dataclass(frozen=True)
@@ -293,7 +293,7 @@ def _dense(name: str, sparse) -> np.ndarray:
     coo = _ort().OrtSparseFormat.ORT_SPARSE_COO
     if sparse.format != coo:
         raise AmpError(
-            f"output {name!r} is a sparse tensor in {sparse.format.name}, which validation cannot read; use --no-validate"
+            f"output {name!r} is a sparse tensor in {sparse.format.name}, which validation cannot read; use `validate` false"
         )
     shape = tuple(sparse.dense_shape())
     values, indices = sparse.values(), sparse.get_coo_data().indices()

@@ -948,7 +948,7 @@ def test_sample_options_the_run_does_not_read_are_vetted_all_the_same(tmp_path, 
 
 
 @pytest.mark.parametrize(
-    ("args", "why"), [(["--level", "O3"], "at O3; --safety turns them on"), (["--no-safety"], "--no-safety")]
+    ("args", "why"), [(["--level", "O3"], "at O3; `safety` turns them on"), (["--no-safety"], "`safety` false")]
 )
 def test_a_calibration_file_the_run_does_not_read_is_said_so(tmp_path, lstm, args, why):
     """At O3 (or with --no-safety) the safety rules, which read --calibration,
@@ -960,7 +960,7 @@ def test_a_calibration_file_the_run_does_not_read_is_said_so(tmp_path, lstm, arg
     )
     assert proc.returncode == 0, proc.stderr
     notes = json.loads(plan.read_text())["notes"]
-    assert f"--calibration not read: the safety rules, which use it, are off ({why})" in notes
+    assert f"`calibration` not read: the safety rules, which use it, are off ({why})" in notes  # (the plan JSON names fields)
 
 
 def test_generated_input_too_large_is_refused_before_allocating(tmp_path):
