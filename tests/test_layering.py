@@ -51,6 +51,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "rewrite",
         "runner",
         "safety",
+        "segments",
         "saving",
         "validation",
     ),
