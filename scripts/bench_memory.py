@@ -99,7 +99,8 @@ def _tree_rss(pid: int) -> int:
 def measure(config: str, tokens: int | None, argv: list[str], env: dict[str, str]) -> Measured:
     """Run ``argv`` as a child and measure it (see the module's docstring)."""
     start = time.perf_counter()
-    child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # (run from the code's folder: ``-m amp_convert`` finds the package in the working folder first)
+    child = subprocess.Popen(argv, env=env, cwd=env["PYTHONPATH"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peak = [0]
     done = threading.Event()
 
