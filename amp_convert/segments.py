@@ -142,11 +142,10 @@ class PartModel:
                     fed[name] = fed[name].astype(low).astype(np.float32)
             self.stores.append(fed)
 
-    def part(self, wanted: Iterable[str]) -> onnx.ModelProto:
+    def part(self, wanted: Iterable[str], fetch: Iterable[str]) -> onnx.ModelProto:
         """The model of the nodes not yet run that ``wanted`` needs; it
-        outputs ``wanted`` (those it makes) and the values later nodes
+        outputs those of ``fetch`` it makes and the values later nodes
         read. Its nodes count as run from here on."""
-        wanted = [w for w in wanted if w in self.producer]
         order = sorted(self._needed(wanted))
         made = {o for i in order for o in self.nodes[i].output if o}
         read = dict.fromkeys(x for i in order for x in self.nodes[i].input if x and x not in made)
@@ -161,7 +160,7 @@ class PartModel:
             for x in read
             if x not in self.initializers
         ]
-        outputs = list(dict.fromkeys([*(w for w in wanted if w in made), *(o for o in made if self.readers.get(o, 0) > 0)]))
+        outputs = list(dict.fromkeys([*(w for w in fetch if w in made), *(o for o in made if self.readers.get(o, 0) > 0)]))
         declared = {v.name: v for v in graph.output}
         part = helper.make_graph(
             [self.nodes[i] for i in order],
@@ -187,23 +186,25 @@ class PartModel:
             stack.extend(self.producer[x] for x in self.nodes[i].input if x in self.producer)
         return chosen
 
-    def run_part(self, wanted: list[str]) -> Callable[[int], dict[str, object]]:
+    def run_part(self, wanted: list[str], fetch: list[str]) -> Callable[[int], dict[str, object]]:
         """A session of the next part (see :meth:`part`); the function it
-        returns runs it on a sample (by index) and gives ``wanted``'s values.
+        returns runs it on a sample (by index) and gives ``fetch``'s values.
         Call :meth:`release` when the part has run on every sample."""
-        model = self.part(wanted)
+        model = self.part(wanted, fetch)
+        self.live_sessions += 1
+        self.most_live = max(self.most_live, self.live_sessions)
+        if not model.graph.node:  # (what it wants was made already, or is needed by nothing fetched)
+            return lambda sample: {}
         try:
             sess = session(model, self.provider, self.base_dir, disabled_optimizers=self.disabled_optimizers)
         except LoadFailure as e:
             raise LoadFailure(e.detail, self.role) from None
-        self.live_sessions += 1
-        self.most_live = max(self.most_live, self.live_sessions)
         fed = [v.name for v in model.graph.input]
 
         def on(sample: int) -> dict[str, object]:
             store = self.stores[sample]
             values = run(sess, {x: store[x] for x in fed}, self.role)
-            got = {w: values[w] for w in wanted if w in values}
+            got = {w: values[w] for w in fetch if w in values}
             # Copied: an array onnxruntime returns can hold its session's whole arena alive.
             store.update({o: np.array(v) for o, v in values.items() if self.readers.get(o, 0) > 0})
             for x in [x for x in store if self.readers.get(x, 0) <= 0]:
@@ -235,26 +236,32 @@ def run_in_parts(
     from :func:`node_order`).
     ``known``: bytes per sample of some wanted tensors (else estimated from
     the parts run so far). Returns the number of parts."""
-    wanted = sorted(dict.fromkeys(wanted), key=lambda w: order.get(w, -1))
+    wanted = [w for w in dict.fromkeys(wanted) if w in order]
     for m in models:
         m.start(samples, wanted)
     first = models[0]
+    # Cut points: every tensor the first model makes on the way, wanted or not (a part is also bounded
+    # by its weights where few tensors are wanted: the outputs alone, without the per-node diff).
+    fetched = set(wanted)
+    route = sorted(
+        fetched.union(n for n, i in first.producer.items() if not first.done[i] and n in order), key=lambda w: order[w]
+    )
     known = {**inferred_sizes(first.model, samples[0] if samples else {}), **(known or {})}
     # A size no shape tells is taken as the largest measured so far, and at least part_bytes / FIRST_PART:
     # over-estimating costs parts (time), under-estimating memory.
     largest = part_bytes // FIRST_PART
     parts, at, base = 0, 0, 0
-    while at < len(wanted):
+    while at < len(route):
         chunk, size = [], 0.0
-        while at < len(wanted):
-            name = wanted[at]
-            cost = known.get(name, largest)
+        while at < len(route):
+            name = route[at]
+            cost = known.get(name, largest) if name in fetched else 0
             if chunk and (size + cost > part_bytes or reach.get(name, base) - base > part_bytes):
                 break
             chunk.append(name)
             size, at = size + cost, at + 1
         base = max(base, reach.get(chunk[-1], base))
-        runs = [m.run_part(chunk) for m in models]
+        runs = [m.run_part(chunk, [n for n in chunk if n in fetched]) for m in models]
         try:
             for i in range(len(samples)):
                 values = [r(i) for r in runs]

@@ -20,7 +20,7 @@ from amp_convert.calibrate import calibrate
 from amp_convert.emulate import emulation_twin
 from amp_convert.external import is_external, read_array, write_with_external_data
 from amp_convert.load import read_model
-from amp_convert.runner import value_bytes
+from amp_convert.runner import session, value_bytes
 from amp_convert.validation import ValidationConfig, Validator
 from models.zoo_inputs import load_manifest
 
@@ -158,3 +158,34 @@ def test_calibration_in_parts_gets_the_ranges_of_one_run_whole():
     assert parted.outputs is not None and len(parted.outputs) == len(whole.outputs)
     for (_, a), (_, b) in zip(parted.outputs, whole.outputs, strict=True):
         np.testing.assert_allclose(a["logits"], b["logits"], rtol=1e-5, atol=1e-6)
+
+
+def test_parts_are_bounded_by_their_weights_where_only_the_outputs_are_wanted():
+    m = _zoo("gpt2")
+    samples = list(manifest_source(ZOO["gpt2"], m))
+    types = Validator(m, manifest_source(ZOO["gpt2"], m), ValidationConfig(provider="cpu")).ref_ctx.types
+    order, reach = segments.node_order(m)
+    outputs = [v.name for v in m.graph.output]
+    got: dict[str, list] = {}
+    parts = segments.PartModel(m, types, "cpu")
+    made: list[onnx.ModelProto] = []
+    original = parts.part
+    parts.part = lambda wanted, fetch: made.append(original(wanted, fetch)) or made[-1]
+    count = segments.run_in_parts(
+        [parts],
+        outputs,
+        samples,
+        lambda i, values: [got.setdefault(k, []).append(v) for k, v in values[0].items()],
+        order=order,
+        reach=reach,
+        part_bytes=SMALL,
+    )
+    assert count > 3 and parts.most_live == 1
+    held = [segments.weight_bytes(p) for p in made]
+    inits = {t.name: t.ByteSize() for t in m.graph.initializer}
+    heaviest = max(sum(inits.get(x, 0) for x in n.input) for n in m.graph.node)
+    assert max(held) <= SMALL + heaviest  # (a part passes its bytes by at most the node that ends it)
+    sess = session(m, "cpu")
+    for i, feeds in enumerate(samples):
+        (expected,) = sess.run(outputs, feeds)
+        np.testing.assert_allclose(got[outputs[0]][i], expected, rtol=1e-5, atol=1e-6)
