@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 ZOOVENV ?= .venv-zoo
 ORTZOOVENV ?= .venv-ortzoo
 
-.PHONY: setup demo test lint pypi-models browser zoo zoo-full zoo-ort zoo-ort-full bench bench-casts bench-ort bench-convert bench-auto bench-latency fuzz fingerprint bench-startup clean
+.PHONY: setup demo test lint pypi-models browser zoo zoo-full zoo-ort zoo-ort-full bench bench-casts bench-ort bench-convert bench-auto bench-latency fuzz fingerprint bench-startup bench-memory clean
 
 setup: $(VENV)/.installed
 
@@ -94,6 +94,14 @@ bench-auto: setup pypi-models
 
 bench-latency: setup pypi-models
 	$(BIN)/python scripts/bench_latency.py
+
+# Peak RSS and time of validated conversions of an LLM-sized model (not part of `bench`: it needs
+# scripts/build_llm.py's model, several GB of memory and minutes). MODEL=... picks another one.
+MODEL ?= models/cache/llm/llama-22x2048/model.onnx
+bench-memory: setup
+	@test -f $(MODEL) || $(ORTZOOVENV)/bin/python scripts/build_llm.py || \
+	  { echo "build it first: make $(ORTZOOVENV)/.installed && $(ORTZOOVENV)/bin/python scripts/build_llm.py"; exit 1; }
+	$(BIN)/python scripts/bench_memory.py $(MODEL) --tokens 128,512 --need-gib 10
 
 clean:
 	rm -rf out .pytest_cache

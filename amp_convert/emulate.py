@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, inliner, numpy_helper
 from .calls import bind, called_bodies, local_functions
 from .dtypes import LOW_DTYPES
 from .errors import AmpError
-from .external import read_array
+from .external import widen_external
 from .graph import GraphContext, NameGenerator, attribute_subgraphs, build_context, name_in_use, nested_graphs
 from .lists import CONTAINER_TYPE_ATTRIBUTE_OPS, DTYPE_ATTRIBUTE_OPS, VALUE_ATTRIBUTE_OPS
 from .schema import is_default_domain, model_opsets, opset_domain, signature
@@ -233,9 +233,11 @@ def _rewrite_inner_first(ctx: GraphContext, names: NameGenerator, base_dir: Path
 def _float_value(tensor: onnx.TensorProto, base_dir: Path | None) -> None:
     if tensor.data_type in LOW_TYPES:
         if tensor.data_location == TensorProto.EXTERNAL and base_dir is not None:
-            array = read_array(tensor, base_dir).astype(np.float32)
-        else:
-            array = numpy_helper.to_array(tensor).astype(np.float32)
+            # Retyped, not read: the float32 copy is made tensor by tensor as the
+            # twin is written for onnxruntime (no second fp32 weight set in memory).
+            widen_external(tensor, TensorProto.FLOAT)
+            return
+        array = numpy_helper.to_array(tensor).astype(np.float32)
         new = numpy_helper.from_array(array, tensor.name)
         tensor.CopyFrom(new)
 

@@ -34,6 +34,10 @@ INLINE_BELOW = 1024  # bytes: smaller tensors stay inside the .onnx file
 # An external_data entry of a tensor retyped in memory whose file segment
 # still holds the values in the type it names (an int, as text).
 STORED_TYPE = "amp_convert.stored_type"
+# Beside STORED_TYPE: the type the stored values are rounded through before
+# they take the tensor's type (an emulation twin's float32 copy of a lowered
+# weight: float32 -> float16 -> float32, never held in memory whole).
+ROUNDED_TYPE = "amp_convert.rounded_type"
 
 
 def is_external(tensor: onnx.TensorProto) -> bool:
@@ -51,6 +55,24 @@ def retype_external(tensor: onnx.TensorProto, elem_type: int) -> None:
         entry = tensor.external_data.add()
         entry.key, entry.value = STORED_TYPE, str(tensor.data_type)
     tensor.data_type = elem_type
+
+
+def widen_external(tensor: onnx.TensorProto, elem_type: int) -> None:
+    """Retype an external low-precision tensor to the float ``elem_type``
+    without reading it, its values rounded to its current type first where
+    they are still stored in another (a lowered fp32 weight): what
+    :func:`read_array` and a written copy hold is then exactly the low
+    values, widened."""
+    if STORED_TYPE in external_info(tensor):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = ROUNDED_TYPE, str(tensor.data_type)
+        tensor.data_type = elem_type
+    else:
+        retype_external(tensor, elem_type)
+
+
+def _rounding(info: dict[str, str]) -> np.dtype | None:
+    return _np_dtype(int(info[ROUNDED_TYPE])) if ROUNDED_TYPE in info else None
 
 
 def _np_dtype(elem_type: int) -> np.dtype:
@@ -82,7 +104,8 @@ def read_array(tensor: onnx.TensorProto, base_dir: str | os.PathLike) -> np.ndar
         offset = int(info.get("offset", 0) or 0)
         array = np.memmap(Path(base_dir) / info["location"], dtype=stored, mode="r", offset=offset, shape=(count,))
     if STORED_TYPE in info:
-        array = array.astype(_np_dtype(tensor.data_type))
+        rounding = _rounding(info)
+        array = (array if rounding is None else array.astype(rounding)).astype(_np_dtype(tensor.data_type))
     return array.reshape(tuple(tensor.dims))
 
 
@@ -230,7 +253,8 @@ def write_with_external_data(
                 offset = _pad(out)
                 if STORED_TYPE in info:
                     stored = _np_dtype(int(info[STORED_TYPE]))
-                    length = _convert_segment(source, start, element_count(tensor), stored, _np_dtype(tensor.data_type), out)
+                    wanted, rounding = _np_dtype(tensor.data_type), _rounding(info)
+                    length = _convert_segment(source, start, element_count(tensor), stored, wanted, out, rounding)
                 else:
                     length = _copy_segment(source, start, _data_length(tensor, info), out)
             elif id(tensor) in initializers and _large(tensor):
@@ -295,11 +319,15 @@ def _copy_segment(source: Path, offset: int, length: int, out) -> int:
     return length
 
 
-def _convert_segment(source: Path, offset: int, count: int, stored: np.dtype, wanted: np.dtype, out) -> int:
+def _convert_segment(
+    source: Path, offset: int, count: int, stored: np.dtype, wanted: np.dtype, out, rounding: np.dtype | None = None
+) -> int:
     """Copy ``count`` values from ``source``, converting them from ``stored``
-    to ``wanted``, one chunk at a time through two reused buffers."""
+    to ``wanted`` (through ``rounding`` first, if given), one chunk at a
+    time through reused buffers."""
     per_chunk = max(min(CHUNK // stored.itemsize, count), 1)
     values, converted = np.empty(per_chunk, stored), np.empty(per_chunk, wanted)
+    rounded = np.empty(per_chunk, rounding) if rounding is not None else None
     raw = values.view(np.uint8)
     with open(source, "rb") as f:
         f.seek(offset)
@@ -308,7 +336,11 @@ def _convert_segment(source: Path, offset: int, count: int, stored: np.dtype, wa
             n = min(per_chunk, left)
             if f.readinto(raw[: n * stored.itemsize]) != n * stored.itemsize:
                 raise ValueError(f"{source}: shorter than the tensor it should hold")
-            converted[:n] = values[:n]
+            if rounded is None:
+                converted[:n] = values[:n]
+            else:
+                rounded[:n] = values[:n]
+                converted[:n] = rounded[:n]
             out.write(converted[:n].view(np.uint8))
             left -= n
     return count * wanted.itemsize

@@ -29,7 +29,7 @@ from onnx import TensorProto, helper
 
 from .calibrate import Calibration
 from .dtypes import FLOAT_TYPES
-from .emulate import decide_emulation, low_dtype_of, low_io
+from .emulate import decide_emulation, emulation_twin, low_dtype_of, low_inputs, low_io
 from .errors import AmpError, LoadFailure, ModelFailure, NeitherLoads, RefusedAsWritten, TwinFailure
 from .graph import build_context, tensor_names
 from .inputs import CandidateInputs, InputSource
@@ -38,9 +38,19 @@ from .metrics import ErrorStats
 from .options import EMULATE_MODES
 from .pin import Selection, find_selections, makes, pin
 from .plan import Plan
-from .runner import AsWritten, Runnable, choose_provider, load_as_written, runnable, value_bytes
+from .runner import (
+    TWIN_DISABLED_OPTIMIZERS,
+    AsWritten,
+    Runnable,
+    choose_provider,
+    input_dtypes,
+    load_as_written,
+    runnable,
+    value_bytes,
+)
 from .safety import unused_values
 from .schema import model_opsets
+from .segments import PART_BYTES, PartModel, can_split, node_order, run_in_parts, worth_splitting
 from .sequence_stats import ElementSummary, SequenceStats
 from .tolerance import DEFAULT_TOLERANCES, Tolerance
 from .typeinfo import held_type, infer_types
@@ -71,6 +81,9 @@ class ValidationConfig:
     target_provider: str = "cuda"
     # Per output name, the tolerance fields that differ from ``tolerance`` (tolerance.parse_tolerances).
     tolerances: dict[str, dict[str, float | str]] = field(default_factory=dict)
+    # A reference whose weights pass this runs in parts (segments.py), each within it in weights and in
+    # the bytes of one sample's compared tensors: memory stays near one model's weights.
+    part_bytes: int = PART_BYTES
 
 
 @dataclass
@@ -267,6 +280,8 @@ class Validator:
         # (feeds, outputs) per sample of this source, when a calibration ran on the same samples
         known = calibration.outputs if calibration is not None and calibration.source is source else None
         self._outputs_cache = known
+        # Bytes per sample of the tensors calibration measured (float32), to cut parts by (segments.py).
+        self._sizes = {n: r.size * 4 for n, r in calibration.ranges.items()} if calibration is not None else {}
         self.base_dir = base_dir  # folder of external data the models still refer to
         self._plain_session: Runnable | None = None
         # A low-precision reference runs as the candidate would (decided here: --emulate never
@@ -369,8 +384,13 @@ class Validator:
         judged = [n for s in pins for n in s.inputs if n in cand_ctx.producer and cand_ctx.types.get(n) in FLOAT_TYPES]
         judged = list(dict.fromkeys(judged))
         exposed = [(n, cand_ctx.types[n]) for n in dict.fromkeys([*tensors, *judged])]
-        run_model, own = pin(candidate, pins, tensor_names(cand_ctx)) if pins else (candidate, {})
-        cand = self._candidate_session(run_model, cand_low, config.emulate, exposed, written)
+        split = self._split(candidate, cand_low, config, pins)
+        if split is None:
+            run_model, own = pin(candidate, pins, tensor_names(cand_ctx)) if pins else (candidate, {})
+            cand = self._candidate_session(run_model, cand_low, config.emulate, exposed, written)
+            emulated, emulation_note = cand.emulated, cand.note
+        else:
+            emulated, emulation_note = split[2], split[3]
         taken = set(self.output_names)  # (the report's row names: an element's never takes an output's)
         # (an output judged by its median or a quantile keeps what an exact one needs)
         ordered = {n for n in self.output_names if per_output.get(n, tolerance).error_stat in ("median", "quantile")}
@@ -384,7 +404,12 @@ class Validator:
         agreement = {s.name: ErrorStats(s.name) for s in pins}
         judged_stats = {n: ErrorStats(n) for n in judged}
         samples = 0
-        for feeds, ref_values in self._reference_runs(tensors):
+        if split is not None:
+            samples = self._run_split(split[0], split[1], tensors, cand_inputs, {**tensor_stats, **out_stats}, config)
+            if progress:
+                for _ in range(samples):
+                    progress(1)
+        for feeds, ref_values in self._reference_runs(tensors) if split is None else ():
             cand_inputs.check(feeds)
             # the samples cast to the dtypes the candidate's inputs declare, and the reference's choices
             cand_values = cand.run({**feeds, **{s.name: ref_values[s.name] for s in pins}})
@@ -403,8 +428,8 @@ class Validator:
         result = ValidationResult(
             self.provider,
             self.provider_note,
-            cand.emulated,
-            cand.note,
+            emulated,
+            emulation_note,
             dtype,
             tolerance,
             samples,
@@ -424,6 +449,81 @@ class Validator:
             result.nodes = _node_errors(self.ref_ctx, cand_ctx, stats, plan, dtype, failing or set(self.output_names))
         result.seconds = time.perf_counter() - start
         return result
+
+    def _split(
+        self, candidate: onnx.ModelProto, cand_low: int | None, config: ValidationConfig, pins: list[Selection]
+    ) -> tuple[PartModel | None, PartModel, bool, str] | None:
+        """The reference (None where its outputs are cached and no tensor is
+        compared: see :meth:`_run_split`) and the candidate as parts run
+        them (:mod:`amp_convert.segments`), the candidate's emulation and
+        why; None where they run whole: the reference's weights are within
+        ``part_bytes``, a graph cannot be cut, choices are pinned, or a
+        low-precision model runs as written (its cut values may be bf16, and
+        its fallback to the emulation is :func:`~amp_convert.runner.runnable`'s)."""
+        if pins or self._extras or not worth_splitting(self.reference, config.part_bytes) or not can_split(candidate):
+            return None
+        emulated, note = decide_emulation(config.emulate, self.provider, cand_low, low_io(candidate))
+        if (cand_low is not None and not emulated) or (self.ref_low is not None and not self.reference_emulated):
+            return None
+        cand = emulation_twin(candidate, self.base_dir) if emulated else candidate
+        ref = self.reference
+        if self.reference_emulated:
+            self._reference_twin = self._reference_twin or emulation_twin(ref, self.base_dir)
+            ref = self._reference_twin
+        return (
+            self._parts(ref, "reference", self.reference_emulated, self.reference),
+            self._parts(cand, "candidate", emulated, candidate),
+            emulated,
+            note,
+        )
+
+    def _parts(self, run_model: onnx.ModelProto, role: str, emulated: bool, model: onnx.ModelProto) -> PartModel:
+        """``run_model`` (``model`` or its twin, if ``emulated``) as parts run it."""
+        return PartModel(
+            run_model,
+            _typed(run_model).types,
+            self.provider,
+            self.base_dir,
+            role,
+            TWIN_DISABLED_OPTIMIZERS if emulated else (),
+            input_dtypes(run_model),
+            low_inputs(model) if emulated else {},
+        )
+
+    def _run_split(
+        self,
+        ref: PartModel,
+        cand: PartModel,
+        tensors: list[str],
+        cand_inputs: CandidateInputs,
+        stats: dict[str, ErrorStats],
+        config: ValidationConfig,
+    ) -> int:
+        """Run the reference and the candidate part by part on every sample,
+        the compared values of each part meeting in ``stats``; returns the
+        number of samples. Without ``tensors`` the reference's outputs are
+        read from, or kept in, the outputs cache."""
+        samples = list(self.source)
+        for feeds in samples:
+            cand_inputs.check(feeds)
+        cached = self._outputs_cache if not tensors else None
+        kept: list[dict] | None = [{} for _ in samples] if not tensors and cached is None else None
+
+        def consume(i: int, values: list[dict]) -> None:
+            ref_values = cached[i][1] if cached is not None else values[0]
+            for name, value in values[-1].items():
+                stats[name].update(ref_values[name], value)
+            if kept is not None:
+                kept[i].update(values[0])
+
+        order, reach = node_order(self.reference)
+        models = [cand] if cached is not None else [ref, cand]
+        wanted = [*tensors, *self.output_names]
+        run_in_parts(models, wanted, samples, consume, order=order, reach=reach, known=self._sizes, part_bytes=config.part_bytes)
+        if kept is not None:
+            size = sum(value_bytes(v) for values in kept for v in values.values())
+            self._outputs_cache = list(zip(samples, kept, strict=True)) if size <= self.cache_bytes else None
+        return len(samples)
 
     def as_written(self, candidate: onnx.ModelProto, cand_ctx=None) -> AsWritten | None:
         """What onnxruntime makes of ``candidate`` (``cand_ctx``: its typed

@@ -69,6 +69,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "runner",
         "safety",
         "sample_files",
+        "segments",
         "saving",
         "sequence_stats",
         "token_lengths",
