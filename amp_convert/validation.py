@@ -17,11 +17,10 @@ are sequences element by element (``out[0]``, ... in the reports: see
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -33,8 +32,8 @@ from .emulate import decide_emulation, emulation_twin, low_dtype_of, low_inputs,
 from .errors import AmpError, LoadFailure, ModelFailure, NeitherLoads, RefusedAsWritten, TwinFailure
 from .graph import build_context, tensor_names
 from .inputs import CandidateInputs, InputSource
-from .lists import EXACT_OPS
 from .metrics import ErrorStats
+from .offenders import node_errors
 from .options import EMULATE_MODES
 from .pin import Selection, find_selections, makes, pin
 from .plan import Plan
@@ -50,200 +49,15 @@ from .runner import (
 )
 from .safety import unused_values
 from .schema import model_opsets
-from .segments import PART_BYTES, PartModel, can_split, node_order, run_in_parts, worth_splitting
-from .sequence_stats import ElementSummary, SequenceStats
+from .segments import PartModel, can_split, node_order, run_in_parts, worth_splitting
+from .sequence_stats import SequenceStats
 from .tolerance import DEFAULT_TOLERANCES, Tolerance
 from .typeinfo import held_type, infer_types
+from .validation_result import PinnedSelection, ValidationConfig, ValidationResult
 
 # Exposing every tensor makes onnxruntime's session set-up grow faster than
 # the graph: above this many, the per-node diff is off unless asked for.
 PER_NODE_LIMIT = 20_000
-# The values a pinned choice is made from must stay finite and keep their
-# direction (cosine); their largest element error is not judged: near the
-# choice only ties can move, and the outputs built from it are judged whole.
-SELECTION_INPUT_CHECKS = ("shape", "nonfinite", "cosine")
-
-
-@dataclass
-class ValidationConfig:
-    provider: str = "auto"
-    emulate: str = "auto"
-    per_node: bool | None = None  # None: on unless the graph has more than PER_NODE_LIMIT float tensors
-    top: int = 10
-    tolerance: Tolerance | None = None  # None: the default for the low dtype
-    pin_choices: bool = True  # candidate reads the reference's TopK / NMS / ... choices (pin.py)
-    dtype: str | None = None  # the conversion's low dtype, whose default tolerance applies; None: the candidate's
-    # A low-precision candidate is loaded as written too (runner.load_as_written): the auto search's
-    # trials skip it, and its chosen model is loaded so (Validator.as_written).
-    load_check: bool = True
-    # The provider the conversion aimed at (ConvertOptions.target_provider): a kernel the CPU provider
-    # lacks is expected of a model aimed at another, where the run on the CPU is emulated.
-    target_provider: str = "cuda"
-    # Per output name, the tolerance fields that differ from ``tolerance`` (tolerance.parse_tolerances).
-    tolerances: dict[str, dict[str, float | str]] = field(default_factory=dict)
-    # A reference whose weights pass this runs in parts (segments.py), each within it in weights and in
-    # the bytes of one sample's compared tensors: memory stays near one model's weights.
-    part_bytes: int = PART_BYTES
-
-
-@dataclass
-class NodeError:
-    """Error of one node's outputs against fp32, and how much it added."""
-
-    index: int
-    name: str
-    op_type: str
-    precision: str
-    error_before: float
-    error_after: float
-    # For a node that reads no other node's output and no graph input (a
-    # Constant): the error its rounding brings to its readers' outputs (see
-    # _reaching), else None.
-    reaching: float | None = None
-    # The error its own rounding brings to the outputs (the failing ones,
-    # where any fail), relative to theirs: what the offenders rank by (see
-    # _to_outputs); None where not estimated (``added`` ranks then).
-    to_outputs: float | None = None
-
-    @property
-    def added(self) -> float:
-        """Error this node adds over its worst input (for a node fed by
-        constants alone, what it brings to its readers); a non-finite (Inf
-        or NaN) result counts as infinite, after finite inputs only."""
-        if not math.isfinite(self.error_before):
-            return 0.0
-        if not math.isfinite(self.error_after):
-            return math.inf
-        if self.reaching is not None:
-            return self.reaching
-        return max(self.error_after - self.error_before, 0.0)
-
-    @property
-    def can_round(self) -> bool:
-        """Whether the node's own precision can add error: it runs low and is
-        not an op that is exact in any precision (a Gather that picks the
-        worse half of a tensor only seems to add error)."""
-        return self.precision == "low" and self.op_type not in EXACT_OPS
-
-    @property
-    def rank_error(self) -> float:
-        """What the offenders rank by: the error reaching the outputs where estimated, else ``added``."""
-        return self.added if self.to_outputs is None else self.to_outputs
-
-    def as_dict(self) -> dict:
-        return {
-            "index": self.index,
-            "name": self.name,
-            "op_type": self.op_type,
-            "precision": self.precision,
-            "error_before": _json_float(self.error_before),
-            "error_after": _json_float(self.error_after),
-            "error_added": _json_float(self.added),
-            "error_to_outputs": _json_float(self.rank_error),
-        }
-
-
-@dataclass
-class PinnedSelection:
-    """A choice the candidate read from the reference, and how often its own agreed."""
-
-    selection: Selection
-    agreement: ErrorStats  # reference's choice against the candidate's own, element by element
-
-    def as_dict(self) -> dict:
-        a = self.agreement
-        return {
-            "name": self.selection.name,
-            "node": self.selection.node,
-            "op_type": self.selection.op_type,
-            "inputs": list(self.selection.inputs),
-            "agreement": a.equal_fraction if a.count else None,  # over the samples that chose as many elements
-            "samples": a.samples,
-            "shape_mismatch": a.shape_mismatch,
-        }
-
-
-@dataclass
-class ValidationResult:
-    provider: str
-    provider_note: str
-    emulated: bool
-    emulation_note: str
-    dtype: str
-    tolerance: Tolerance
-    samples: int
-    outputs: list[ErrorStats | SequenceStats | ElementSummary]  # a sequence output's elements follow it (SequenceStats.records)
-    nodes: list[NodeError] = field(default_factory=list)
-    top: int = 10
-    seconds: float = 0.0
-    per_node_note: str = ""
-    # A reference that is itself low precision may run through its emulation twin too.
-    reference_emulated: bool = False
-    reference_emulation_note: str = "the reference has no fp16/bf16 tensors"
-    pinned: list[PinnedSelection] = field(default_factory=list)
-    selection_inputs: list[ErrorStats] = field(default_factory=list)  # judged like outputs
-    pin_note: str = ""
-    kernel_note: str = ""  # what loading the candidate as written found that validation stands behind
-    per_output: dict[str, Tolerance] = field(default_factory=dict)  # outputs judged by a tolerance of their own
-    inputs: dict | None = None  # what the samples were (InputSource.describe), where the caller says
-
-    def tolerance_for(self, name: str) -> Tolerance:
-        """The tolerance output ``name`` is judged by (a sequence's elements, ``out[3]``, by their output's)."""
-        return self.per_output.get(name) or self.per_output.get(name.split("[", 1)[0]) or self.tolerance
-
-    @property
-    def passed(self) -> bool:
-        outputs_pass = all(not o.verdict(self.tolerance_for(o.name)) for o in self.outputs)
-        return outputs_pass and all(not o.verdict(self.tolerance, SELECTION_INPUT_CHECKS) for o in self.selection_inputs)
-
-    def _output_dict(self, o: ErrorStats | SequenceStats | ElementSummary) -> dict:
-        tol = self.tolerance_for(o.name)
-        d = o.as_dict(tol)
-        if tol is not self.tolerance:
-            d["tolerance"] = tol.as_dict()
-        return d
-
-    def ranked(self) -> list[NodeError]:
-        """Low nodes whose rounding reaches the outputs, most first (ties: earlier first)."""
-        ranked = [n for n in self.nodes if n.can_round and n.rank_error > 0]
-        ranked.sort(key=lambda n: (-n.rank_error, n.index))
-        return ranked
-
-    def offenders(self) -> list[NodeError]:
-        return self.ranked()[: self.top]
-
-    def as_dict(self) -> dict:
-        return {
-            "provider": self.provider,
-            "provider_note": self.provider_note,
-            "emulated": self.emulated,
-            "emulation_note": self.emulation_note,
-            "reference_emulated": self.reference_emulated,
-            "reference_emulation_note": self.reference_emulation_note,
-            "dtype": self.dtype,
-            "samples": self.samples,
-            "tolerance": self.tolerance.as_dict(),
-            "passed": self.passed,
-            "outputs": [self._output_dict(o) for o in self.outputs],
-            "offenders": [n.as_dict() for n in self.offenders()],
-            "nodes": [n.as_dict() for n in self.nodes],
-            "per_node_note": self.per_node_note,
-            "kernel_note": self.kernel_note,
-            "pinned": {
-                "note": self.pin_note,
-                "selections": [p.as_dict() for p in self.pinned],
-                "inputs": [o.as_dict(self.tolerance, SELECTION_INPUT_CHECKS) for o in self.selection_inputs],
-            },
-            "seconds": round(self.seconds, 4),
-        }
-
-
-def _json_float(x: float) -> float | str:
-    return x if math.isfinite(x) else "inf"
-
-
-def _low_key(elem: int | None) -> str:
-    return "bf16" if elem == TensorProto.BFLOAT16 else "fp16"
 
 
 class Validator:
@@ -376,7 +190,7 @@ class Validator:
                 and name not in self.output_names
             ]
             if config.per_node is None and len(tensors) > PER_NODE_LIMIT:
-                per_node_note = f"per-node diff skipped: {len(tensors)} tensors (over {PER_NODE_LIMIT}); --per-node forces it"
+                per_node_note = f"per-node diff skipped: {len(tensors)} tensors (over {PER_NODE_LIMIT}); `per_node` forces it"
                 tensors = []
         per_node = bool(tensors) or (config.per_node is not False and not per_node_note)
         # Through the emulation twin when the provider calls for it, or (auto) when the real
@@ -446,7 +260,7 @@ class Validator:
         if per_node:
             failing = {o.name.split("[", 1)[0] for o in result.outputs if o.verdict(result.tolerance_for(o.name))}
             stats = {**tensor_stats, **out_stats}
-            result.nodes = _node_errors(self.ref_ctx, cand_ctx, stats, plan, dtype, failing or set(self.output_names))
+            result.nodes = node_errors(self.ref_ctx, cand_ctx, stats, plan, dtype, failing or set(self.output_names))
         result.seconds = time.perf_counter() - start
         return result
 
@@ -683,166 +497,5 @@ def _typed(model: onnx.ModelProto):
     return ctx
 
 
-def _node_errors(
-    ref_ctx,
-    cand_ctx,
-    stats: dict[str, ErrorStats | SequenceStats],
-    plan: Plan | None,
-    dtype: str = "fp16",
-    outputs: set[str] | None = None,
-) -> list[NodeError]:
-    """Error after each node (worst of its float outputs; a sequence output's
-    is its worst element's) and before it (worst of its float inputs that
-    were measured), in topological order, and the error each brings to
-    ``outputs`` (names; None: none estimated), its values rounded to
-    ``dtype`` (see :func:`_to_outputs`)."""
-    error = {name: s.relative_rms for name, s in stats.items()}
-    planned = {e.name: e.precision.value for e in plan.entries.get("", [])} if plan is not None else {}
-    readers: dict[str, list[int]] = {}
-    for i, node in enumerate(ref_ctx.nodes):
-        for x in node.input:
-            readers.setdefault(x, []).append(i)
-    nodes = []
-    for i, node in enumerate(ref_ctx.nodes):
-        after = [error[o] for o in node.output if o in error]
-        if not after:
-            continue
-        before = [error[x] for x in node.input if x in error]
-        fed = any(x in ref_ctx.producer or x in ref_ctx.input_set for x in node.input if x)
-        reaching = None if fed else _reaching(ref_ctx, node, stats, readers)
-        label = ref_ctx.node_label(i)
-        if label in planned:
-            precision = planned[label]
-        else:
-            low = any(cand_ctx.types.get(o) in (TensorProto.FLOAT16, TensorProto.BFLOAT16) for o in node.output)
-            precision = "low" if low else "fp32"
-        nodes.append(
-            NodeError(
-                i,
-                label,
-                node.op_type,
-                precision,
-                max(before, default=0.0),
-                max(after),
-                reaching,
-            )
-        )
-    if outputs is not None:
-        _to_outputs(ref_ctx, nodes, stats, outputs, _ROUNDING[dtype])
-    return nodes
-
-
-# Readers through which an operand's relative error reaches the output as it is.
-_RELATIVE_READERS = frozenset({"Mul", "Div", "MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "Reciprocal", "Pow"})
-
-
-def _reaching(ref_ctx, node: onnx.NodeProto, stats: dict[str, ErrorStats | SequenceStats], readers: dict) -> float:
-    """What the rounding of a node fed by constants alone (a Constant)
-    brings to the outputs of the nodes reading it, the most of them: its
-    relative error through a reader that multiplies by it (Mul, MatMul,
-    ...), else (an Add of an epsilon, of a tiny constant) its error as a
-    share of the reader's output, which its small values leave negligible."""
-    worst = 0.0
-    for out in node.output:
-        own = stats.get(out)
-        if own is None:
-            continue
-        rel = own.relative_rms
-        for j in readers.get(out, ()):
-            reader = ref_ctx.nodes[j]
-            if reader.op_type in _RELATIVE_READERS:
-                worst = max(worst, rel)
-                continue
-            measured = [stats[o] for o in reader.output if o in stats]
-            scale = max((_rms(s) for s in measured), default=0.0)
-            worst = max(worst, rel if scale == 0 else rel * min(1.0, _rms(own) / scale))
-        if not readers.get(out):
-            worst = max(worst, rel)
-    return worst
-
-
-def _rms(stats: ErrorStats | SequenceStats) -> float:
-    """Root mean square of the reference's values (0 where unknown)."""
-    count, total = getattr(stats, "count", 0), getattr(stats, "sum_sq_ref", 0.0)
-    return math.sqrt(total / count) if count and math.isfinite(total) else 0.0
-
-
-# RMS relative error of rounding a value to the low dtype (half a unit in the
-# last place, spread evenly): what a node running low adds at the least.
-_ROUNDING = {"fp16": 2.0**-11 / math.sqrt(3), "bf16": 2.0**-8 / math.sqrt(3)}
-# Readers whose output is a sum of their inputs: an input's relative error
-# reaches the output scaled by the input's size against the output's.
-_ADDITIVE_READERS = frozenset({"Add", "Sub", "Sum"})
-# An input of an unmeasured node with this many times the error measured
-# after it evidently does not pass its error on (it selects: a mask).
-_NOT_PASSED_ON = 10.0
-
-
-def _to_outputs(ref_ctx, nodes: list[NodeError], stats: dict, outputs: set[str], rounding: float) -> None:
-    """Set each node's ``to_outputs``: its own error times the gain from its
-    output to ``outputs``, the most over the paths there.
-
-    Own error: what the node adds over its inputs and, where the way to the
-    outputs amplifies it, at least its output's rounding (``rounding``, as
-    far as its measured error goes): a Conv with a large bias keeps less
-    relative error than came in, yet rounds, and a cancellation after it
-    amplifies that. A node fed by constants alone: its own relative error.
-
-    Gain through a reader: its measured growth of relative error with its
-    own share taken out (in quadrature; 1 where the growth is all its own,
-    below 1 where the error shrinks); through an Add, Sub or Sum, the
-    input's RMS against the output's; through a node whose outputs were not
-    measured (a fused op), at most the error measured after it over the
-    input's, and 0 for an input with over _NOT_PASSED_ON times that (an
-    attention mask's clipped fill values). So an epsilon added to a
-    variance brings almost nothing, and a large value a later subtraction
-    cancels (a steep sigmoid's logit minus its threshold) brings its
-    rounding amplified."""
-    by_index = {n.index: n for n in nodes}
-    own: dict[int, float] = {}
-    through: dict[int, float] = {}  # a node's gain from an input to its output (non-additive nodes)
-    for n in nodes:
-        if not math.isfinite(n.error_before):
-            own[n.index] = 0.0
-        elif not math.isfinite(n.error_after):
-            own[n.index] = math.inf
-        elif n.reaching is not None:
-            own[n.index] = n.error_after
-        else:
-            own[n.index] = max(n.added, min(n.error_after, rounding) if n.can_round else 0.0)
-        if math.isfinite(n.error_after) and math.isfinite(n.error_before) and n.error_before > 0:
-            # (its growth, its own error taken out; growth all its own is a gain of 1, less is attenuation)
-            kept = max(n.error_after**2 - own[n.index] ** 2, min(n.error_after, n.error_before) ** 2)
-            through[n.index] = math.sqrt(kept) / n.error_before
-    error = {name: s.relative_rms for name, s in stats.items()}
-    gain = {name: 1.0 for name in outputs}
-    came_out: dict[str, float] = {}  # an unmeasured tensor: the most error measured after it
-    for i in range(len(ref_ctx.nodes) - 1, -1, -1):
-        node = ref_ctx.nodes[i]
-        out_gain = max((gain.get(o, 0.0) for o in node.output), default=0.0)
-        out_error = max((error[o] if o in error else came_out.get(o, 0.0) for o in node.output), default=0.0)
-        if i in by_index:
-            n = by_index[i]
-            # (its rounding counts beyond what it adds only where the way to the outputs amplifies it)
-            mine = own[i] if out_gain > 1 or n.reaching is not None else max(n.added, 0.0)
-            n.to_outputs = mine * out_gain if mine and out_gain else 0.0
-        for x in node.input:
-            if x and x not in error:
-                came_out[x] = max(came_out.get(x, 0.0), out_error)
-        if not out_gain:
-            continue
-        scale = max((_rms(stats[o]) for o in node.output if o in stats), default=0.0)
-        for x in node.input:
-            # (through tensors the diff did not measure too: a Conv's output a BatchNormalization
-            # folds into, a fused op's; not into those known not to be float: a shape)
-            known = ref_ctx.types.get(x)
-            if not x or (known and known not in FLOAT_TYPES):
-                continue
-            if node.op_type in _ADDITIVE_READERS and x in stats:
-                g = _rms(stats[x]) / scale if scale > 0 else 1.0
-            elif i in by_index:
-                g = through.get(i, 1.0)
-            else:  # (not measured: no more than came out; far more came in than out: not passed on, a mask)
-                came_in = error.get(x, 0.0)
-                g = 1.0 if came_in <= out_error else 0.0 if came_in > _NOT_PASSED_ON * out_error else out_error / came_in
-            gain[x] = max(gain.get(x, 0.0), g * out_gain)
+def _low_key(elem: int | None) -> str:
+    return "bf16" if elem == TensorProto.BFLOAT16 else "fp16"

@@ -565,7 +565,8 @@ def test_scalar_input_given_an_array_is_named(tmp_path):
 
 
 def test_offenders_are_low_nodes_that_can_round_and_nan_counts_as_infinite():
-    from amp_convert.validation import NodeError, ValidationResult
+    from amp_convert.offenders import NodeError
+    from amp_convert.validation_result import ValidationResult
 
     nodes = [
         NodeError(0, "picks_worse_half", "Gather", "low", 1e-4, 5e-4),
@@ -952,7 +953,7 @@ def test_bf16_inputs_or_outputs_always_run_through_the_emulation():
         assert emulated and f"the {role} has bfloat16 inputs or outputs" in note
         with pytest.raises(AmpError, match=f"the {role} has bfloat16"):
             decide_emulation("never", "cuda", bf16, {"logits": bf16}, role)
-    assert decide_emulation("never", "cuda", fp16, {"logits": fp16}) == (False, "requested (--emulate never)")
+    assert decide_emulation("never", "cuda", fp16, {"logits": fp16}) == (False, "requested (`emulate` never)")
 
 
 def test_generated_inputs_follow_ranges_and_seed():
