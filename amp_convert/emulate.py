@@ -107,21 +107,21 @@ def decide_emulation(
     if low_elem is None:
         return False, f"the {role} has no fp16/bf16 tensors"
     if mode == "always":
-        return True, "requested (--emulate always)"
+        return True, "requested (`emulate` always)"
     if TensorProto.BFLOAT16 in io_types.values():
         # onnxruntime's Python API takes and returns no bfloat16 arrays.
         if mode == "never":
             raise AmpError(
-                f"--emulate never: the {role} has bfloat16 inputs or outputs, which onnxruntime cannot exchange with numpy"
+                f"`emulate` never: the {role} has bfloat16 inputs or outputs, which onnxruntime cannot exchange with numpy"
             )
         return True, f"the {role} has bfloat16 inputs or outputs (run through the emulation, rounded to bfloat16)"
     if mode == "never":
         if low_elem == TensorProto.BFLOAT16 and provider == "cpu":
             raise AmpError(
-                f"--emulate never: the {role} computes in bfloat16 and onnxruntime's CPU provider has no bfloat16 "
-                "kernels; use --provider cuda or emulation"
+                f"`emulate` never: the {role} computes in bfloat16 and onnxruntime's CPU provider has no bfloat16 "
+                "kernels; use `provider` cuda or emulation"
             )
-        return False, "requested (--emulate never)"
+        return False, "requested (`emulate` never)"
     if provider == "cpu":
         if low_elem == TensorProto.BFLOAT16:
             return True, "onnxruntime's CPU provider has no bfloat16 kernels"
