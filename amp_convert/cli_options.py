@@ -88,9 +88,7 @@ def conversion_options(f):
             "blocks onnxruntime's fusions. Example: --no-fold-batchnorm",
         ),
     ]
-    for option in reversed(options):
-        f = option(f)
-    return f
+    return _decorated(f, options)
 
 
 def convert_only_options(f):
@@ -210,9 +208,7 @@ def convert_only_options(f):
             help="Write the model even when it is out of tolerance (exit code stays 1). Example: --write-on-fail",
         ),
     ]
-    for option in reversed(options):
-        f = option(f)
-    return f
+    return _decorated(f, options)
 
 
 def validation_options(f):
@@ -337,6 +333,11 @@ def validation_options(f):
         click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors. Example: -q"),
         click.option("--debug", is_flag=True, help="Show a traceback on errors. Example: --debug"),
     ]
+    return _decorated(f, options)
+
+
+def _decorated(f, options: list):
+    """``f`` with ``options`` in the order listed (click lists them in --help as applied, last first)."""
     for option in reversed(options):
         f = option(f)
     return f
