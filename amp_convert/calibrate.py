@@ -135,7 +135,7 @@ def _calibrate_in_parts(model, ctx, names, samples, source, provider, base_dir, 
             if name in wanted:
                 _widen(result.ranges, name, array)
             if name in output_names:
-                kept[i][name] = array
+                kept[i][name] = np.array(array)  # (copied: a returned array can hold its part's whole arena alive)
 
     for name in names:
         for feeds in samples if name in ctx.input_set else ():

@@ -243,8 +243,10 @@ def run_in_parts(
     # Cut points: every tensor the first model makes on the way, wanted or not (a part is also bounded
     # by its weights where few tensors are wanted: the outputs alone, without the per-node diff).
     fetched = set(wanted)
+    # (in node order, a node's outputs in slot order: the sort is the same on every run)
     route = sorted(
-        fetched.union(n for n, i in first.producer.items() if not first.done[i] and n in order), key=lambda w: order[w]
+        fetched.union(n for n, i in first.producer.items() if not first.done[i] and n in order),
+        key=lambda w: (order[w], _slot(first, w)),
     )
     known = {**inferred_sizes(first.model, samples[0] if samples else {}), **(known or {})}
     # A size no shape tells is taken as the largest measured so far, and at least part_bytes / FIRST_PART:
@@ -256,7 +258,9 @@ def run_in_parts(
         while at < len(route):
             name = route[at]
             cost = known.get(name, largest) if name in fetched else 0
-            if chunk and (size + cost > part_bytes or reach.get(name, base) - base > part_bytes):
+            # (never between two outputs of one node: the node runs in one part, which hands on all it makes)
+            over = size + cost > part_bytes or reach.get(name, base) - base > part_bytes
+            if chunk and over and order[name] != order[chunk[-1]]:
                 break
             chunk.append(name)
             size, at = size + cost, at + 1
@@ -275,6 +279,12 @@ def run_in_parts(
                 m.release()
         parts += 1
     return parts
+
+
+def _slot(model: PartModel, name: str) -> int:
+    """The output slot of ``model``'s node that makes ``name`` (0 where no node does)."""
+    i = model.producer.get(name)
+    return list(model.nodes[i].output).index(name) if i is not None else 0
 
 
 def inferred_sizes(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, int]:

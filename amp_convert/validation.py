@@ -29,7 +29,7 @@ from onnx import TensorProto, helper
 from .calibrate import Calibration
 from .dtypes import FLOAT_TYPES
 from .emulate import decide_emulation, emulation_twin, low_dtype_of, low_inputs, low_io
-from .errors import AmpError, LoadFailure, ModelFailure, NeitherLoads, RefusedAsWritten, TwinFailure
+from .errors import AmpError, InternalError, LoadFailure, ModelFailure, NeitherLoads, RefusedAsWritten, TwinFailure
 from .graph import build_context, tensor_names
 from .inputs import CandidateInputs, InputSource
 from .metrics import ErrorStats
@@ -322,21 +322,30 @@ class Validator:
             cand_inputs.check(feeds)
         cached = self._outputs_cache if not tensors else None
         kept: list[dict] | None = [{} for _ in samples] if not tensors and cached is None else None
+        compared: set[str] = set()
+        held = 0
 
         def consume(i: int, values: list[dict]) -> None:
+            nonlocal kept, held
             ref_values = cached[i][1] if cached is not None else values[0]
             for name, value in values[-1].items():
                 stats[name].update(ref_values[name], value)
-            if kept is not None:
-                kept[i].update(values[0])
+                compared.add(name)
+            if kept is not None:  # (copied: a returned array can hold its part's whole arena alive)
+                kept[i].update({name: np.array(v) for name, v in values[0].items()})
+                held += sum(value_bytes(v) for v in values[0].values())
+                if held > self.cache_bytes:
+                    kept = None
 
         order, reach = node_order(self.reference)
         models = [cand] if cached is not None else [ref, cand]
         wanted = [*tensors, *self.output_names]
         run_in_parts(models, wanted, samples, consume, order=order, reach=reach, known=self._sizes, part_bytes=config.part_bytes)
+        missed = [name for name in dict.fromkeys(wanted) if name in order and name in stats and name not in compared]
+        if missed and samples:  # (a verdict on values never compared would be a pass on nothing)
+            raise InternalError(f"validation in parts compared no value of {', '.join(map(repr, missed[:5]))}")
         if kept is not None:
-            size = sum(value_bytes(v) for values in kept for v in values.values())
-            self._outputs_cache = list(zip(samples, kept, strict=True)) if size <= self.cache_bytes else None
+            self._outputs_cache = list(zip(samples, kept, strict=True))
         return len(samples)
 
     def as_written(self, candidate: onnx.ModelProto, cand_ctx=None) -> AsWritten | None:

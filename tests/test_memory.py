@@ -189,3 +189,38 @@ def test_parts_are_bounded_by_their_weights_where_only_the_outputs_are_wanted():
     for i, feeds in enumerate(samples):
         (expected,) = sess.run(outputs, feeds)
         np.testing.assert_allclose(got[outputs[0]][i], expected, rtol=1e-5, atol=1e-6)
+
+
+def _split_heads(wrong_tail: bool) -> onnx.ModelProto:
+    """x -> MatMul -> Split into 40 graph outputs; ``wrong_tail``: outputs 32-39 twice what they should be."""
+    k = 40
+    w = np.random.default_rng(0).random((k, k)).astype(np.float32)
+    if wrong_tail:
+        w[:, 32:] *= 2.0
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["Y"]),
+        helper.make_node("Split", ["Y"], [f"o{j}" for j in range(k)], axis=1, num_outputs=k),
+    ]
+    outputs = [helper.make_tensor_value_info(f"o{j}", TensorProto.FLOAT, [1, 1]) for j in range(k)]
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, k])
+    graph = helper.make_graph(nodes, "g", [x], outputs, [numpy_helper.from_array(w, "W")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 9
+    return m
+
+
+@pytest.mark.parametrize("part_bytes", [1 << 30, 4096])
+def test_parts_never_cut_between_the_outputs_of_one_node(part_bytes):
+    """A part cut between a Split's outputs ran the Split and lost the
+    outputs after the cut: they were never compared, and passed. Every
+    output is compared on every sample, in parts as whole, and the wrong
+    ones fail."""
+    from amp_convert.inputs import make_source
+    from amp_convert.validation import validate
+
+    ref, cand = _split_heads(False), _split_heads(True)
+    config = ValidationConfig(provider="cpu", per_node=False, part_bytes=part_bytes)
+    result = validate(ref, cand, make_source(ref, samples=2), config)
+    assert all(o.count == 2 for o in result.outputs)
+    failing = {o.name for o in result.outputs if o.verdict(result.tolerance_for(o.name))}
+    assert failing == {f"o{j}" for j in range(32, 40)} and not result.passed
