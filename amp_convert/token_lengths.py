@@ -32,6 +32,7 @@ DEFAULT_TOKENS = 128
 DEFAULT_IMAGE_SIDE = 224
 MIN_IMAGE_SIDE = 14
 _CHANNELS = (1, 3, 4)
+_CHANNEL_DIM = re.compile(r"chan|^c$", re.IGNORECASE)  # (a dynamic channel count: 3, an RGB image's)
 # What a dynamic dimension's name says it is ("sum": "past_sequence_length + 1").
 _BATCH_DIM = re.compile(r"batch|^[bn]$", re.IGNORECASE)
 _PAST_DIM = re.compile(r"past|cache", re.IGNORECASE)
@@ -171,24 +172,28 @@ def with_float_lengths(lengths: Lengths, specs: list[InputSpec], given: dict[str
     """``lengths`` with the dynamic dimensions of float inputs that neither
     it nor ``given`` (the names --input-shape settles) sets:
 
-    * an image's (rank 4, 1, 3 or 4 channels on axis 1 or 3) height and
-      width are ``side``;
+    * an image's (rank 4, 1, 3 or 4 channels on axis 1 or 3, or a dimension
+      named for them, which is 3) height and width are ``side``;
     * a batch (its name says so, or the first dynamic axis of two or more)
       is 1;
     * any other (a sequence, a time axis, a waveform's samples) is ``tokens``.
 
     A name shared by several axes gets the first value it is given."""
     dims, axes = dict(lengths.dims), dict(lengths.axes)
+    tokens_too = bool(lengths.dims or lengths.axes)
     for spec in specs:
-        if not is_float(spec.dtype):
+        if not is_float(spec.dtype) or any(name == spec.name for name, _ in lengths.axes):
             continue
         shape = spec.shape
         dynamic = [k for k, d in enumerate(shape) if not isinstance(d, int)]
         if any(d in dims or d in given for d in shape if isinstance(d, str)):
             continue  # (a KV cache, or an input that shares a token input's or the user's dimensions)
-        image = _image_axes(shape)
+        image = _image_axes(shape, tokens_too)
         for k in dynamic:
             d = shape[k]
+            if isinstance(d, str) and _CHANNEL_DIM.search(d):
+                dims.setdefault(d, 3)
+                continue
             kind = _dim_kind(d) if isinstance(d, str) else "new"
             if kind == "new" and k == dynamic[0] and len(shape) >= 2 and k not in image:
                 kind = "batch"
@@ -202,13 +207,21 @@ def with_float_lengths(lengths: Lengths, specs: list[InputSpec], given: dict[str
     return Lengths(dims, axes, lengths.starts, lengths.past)
 
 
-def _image_axes(shape: tuple) -> tuple[int, ...]:
-    """The height and width axes of an image input's ``shape`` (NCHW, else NHWC), or ()."""
+def _image_axes(shape: tuple, tokens_too: bool = False) -> tuple[int, ...]:
+    """The height and width axes of an image input's ``shape`` (NCHW, else
+    NHWC; channels 1, 3 or 4, or a dimension named for them), or ().
+    ``tokens_too``: the model has token inputs, where a float input of one
+    channel is an attention mask or bias (batch, 1, seq, seq), not an image."""
     if len(shape) != 4:
         return ()
-    if shape[1] in _CHANNELS and not (isinstance(shape[2], int) and isinstance(shape[3], int)):
+    channels = (3, 4) if tokens_too else _CHANNELS
+
+    def is_channels(d) -> bool:
+        return d in channels or (isinstance(d, str) and bool(_CHANNEL_DIM.search(d)))
+
+    if is_channels(shape[1]) and not (isinstance(shape[2], int) and isinstance(shape[3], int)):
         return (2, 3)
-    if shape[3] in _CHANNELS and not (isinstance(shape[1], int) and isinstance(shape[2], int)):
+    if is_channels(shape[3]) and not (isinstance(shape[1], int) and isinstance(shape[2], int)):
         return (1, 2)
     return ()
 

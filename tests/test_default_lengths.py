@@ -217,3 +217,20 @@ def test_a_float_sequence_input_gets_a_sequence_and_a_kv_cache_keeps_its_lengths
     shapes = {s.name: past.generated_shape(s) for s in past.specs}
     assert shapes["past_0"][3] == past.lengths.dims["past_seq"] and shapes["past_0"][3] > 1
     assert shapes["past_0"][1] == 1  # (its batch)
+
+
+def test_image_and_mask_rules_read_the_dimension_names_and_the_token_inputs():
+    """A channel count named so (optimum's pixel_values) is 3 and its
+    neighbours an image's sides; a one-channel float input beside token
+    inputs is an attention bias (batch, 1, seq, seq): its axes follow the
+    tokens, so the plans can run."""
+    from amp_convert.token_lengths import length_plans
+
+    f32, i64 = np.dtype(np.float32), np.dtype(np.int64)
+    pixels = [InputSpec("pixel_values", f32, ("batch_size", "num_channels", "height", "width"))]
+    first = next(length_plans(pixels, {}, {}))
+    assert first.dims == {"num_channels": 3, "height": 224, "width": 224}
+    specs = [InputSpec("input_ids", i64, (None, None)), InputSpec("attn_bias", f32, (None, 1, None, None))]
+    roles = {"input_ids": InputRole("index", "a Gather", 30522)}
+    for plan in list(length_plans(specs, roles, {}))[:-1]:
+        assert plan.axes[("attn_bias", 2)] == plan.axes[("attn_bias", 3)] == plan.axes[("input_ids", 1)] > 1
