@@ -20,7 +20,7 @@ from .emulate import low_dtype_of
 from .graph import build_context
 from .runner import Runnable, choose_provider, input_dtypes, runnable, value_bytes
 from .schema import model_opsets
-from .segments import PART_BYTES, PartModel, node_order, run_in_parts, worth_splitting
+from .segments import PART_BYTES, PartModel, node_order, run_in_parts, typed_throughout, worth_splitting
 from .typeinfo import infer_types
 
 
@@ -83,7 +83,7 @@ def calibrate(
     chosen, _ = choose_provider(provider)
     exposed = [(n, ctx.types[n]) for n in names if n not in ctx.input_set]
     low = low_dtype_of(ctx, model.functions)
-    if low is None and worth_splitting(model, part_bytes):
+    if low is None and worth_splitting(model, part_bytes) and typed_throughout(model, ctx.types):
         return _calibrate_in_parts(model, ctx, names, list(samples), samples, chosen, base_dir, keep_bytes, part_bytes)
     ref = runnable(model, low, chosen, emulate, exposed, base_dir, "reference")
     returned = frozenset(n for n, _ in exposed).union(v.name for v in model.graph.output)

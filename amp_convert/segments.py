@@ -92,6 +92,14 @@ def can_split(model: onnx.ModelProto) -> bool:
     return all(v.name in made and v.type.WhichOneof("value") == "tensor_type" for v in graph.output)
 
 
+def typed_throughout(model: onnx.ModelProto, types: dict[str, int]) -> bool:
+    """Whether ``types`` gives every node output of ``model`` an element
+    type: a value crossing a cut becomes a graph input of the next part,
+    which must declare one (an op type inference does not know leaves its
+    outputs untyped: such a model runs whole)."""
+    return all(types.get(o) for node in model.graph.node for o in node.output if o)
+
+
 def worth_splitting(model: onnx.ModelProto, part_bytes: int = PART_BYTES) -> bool:
     """Whether validation runs ``model`` in parts: it can, and its weights pass ``part_bytes``."""
     return weight_bytes(model) > part_bytes and can_split(model)

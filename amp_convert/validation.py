@@ -49,7 +49,7 @@ from .runner import (
 )
 from .safety import unused_values
 from .schema import model_opsets
-from .segments import PartModel, can_split, node_order, run_in_parts, worth_splitting
+from .segments import PartModel, can_split, node_order, run_in_parts, typed_throughout, worth_splitting
 from .sequence_stats import SequenceStats
 from .tolerance import DEFAULT_TOLERANCES, Tolerance
 from .typeinfo import held_type, infer_types
@@ -284,18 +284,23 @@ class Validator:
         if self.reference_emulated:
             self._reference_twin = self._reference_twin or emulation_twin(ref, self.base_dir)
             ref = self._reference_twin
+        ref_types, cand_types = _typed(ref).types, _typed(cand).types
+        if not (typed_throughout(ref, ref_types) and typed_throughout(cand, cand_types)):
+            return None
         return (
-            self._parts(ref, "reference", self.reference_emulated, self.reference),
-            self._parts(cand, "candidate", emulated, candidate),
+            self._parts(ref, ref_types, "reference", self.reference_emulated, self.reference),
+            self._parts(cand, cand_types, "candidate", emulated, candidate),
             emulated,
             note,
         )
 
-    def _parts(self, run_model: onnx.ModelProto, role: str, emulated: bool, model: onnx.ModelProto) -> PartModel:
-        """``run_model`` (``model`` or its twin, if ``emulated``) as parts run it."""
+    def _parts(
+        self, run_model: onnx.ModelProto, types: dict[str, int], role: str, emulated: bool, model: onnx.ModelProto
+    ) -> PartModel:
+        """``run_model`` (``model`` or its twin, if ``emulated``; ``types``: its element types) as parts run it."""
         return PartModel(
             run_model,
-            _typed(run_model).types,
+            types,
             self.provider,
             self.base_dir,
             role,

@@ -224,3 +224,23 @@ def test_parts_never_cut_between_the_outputs_of_one_node(part_bytes):
     assert all(o.count == 2 for o in result.outputs)
     failing = {o.name for o in result.outputs if o.verdict(result.tolerance_for(o.name))}
     assert failing == {f"o{j}" for j in range(32, 40)} and not result.passed
+
+
+def test_a_model_with_an_untyped_value_runs_whole_not_in_parts():
+    """A value crossing a cut becomes a graph input of the next part, which
+    must declare its type: an op the type inference does not know (a custom
+    domain's) leaves its output untyped, so such a model is not cut."""
+    from amp_convert.validation import _typed
+
+    w = numpy_helper.from_array(np.random.default_rng(0).random((8, 8)).astype(np.float32), "W")
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["Y"]),
+        helper.make_node("MyOp", ["Y"], ["Z"], domain="custom.dom"),
+        helper.make_node("MatMul", ["Z", "W"], ["out"]),
+    ]
+    x, out = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 8]) for n in ("X", "out"))
+    graph = helper.make_graph(nodes, "g", [x], [out], [w])
+    custom = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("custom.dom", 1)])
+    assert not segments.typed_throughout(custom, _typed(custom).types)
+    plain = _split_heads(False)
+    assert segments.typed_throughout(plain, _typed(plain).types)
