@@ -193,7 +193,8 @@ def _to_outputs(ref_ctx, nodes: list[NodeError], stats: dict, outputs: set[str],
     attention mask's clipped fill values). So an epsilon added to a
     variance brings almost nothing, and a large value a later subtraction
     cancels (a steep sigmoid's logit minus its threshold) brings its
-    rounding amplified."""
+    rounding amplified. A control-flow node passes gain back to the values
+    its bodies read from the main graph as to its inputs."""
     by_index = {n.index: n for n in nodes}
     own: dict[int, float] = {}
     through: dict[int, float] = {}  # a node's gain from an input to its output (non-additive nodes)
@@ -212,9 +213,14 @@ def _to_outputs(ref_ctx, nodes: list[NodeError], stats: dict, outputs: set[str],
             through[n.index] = math.sqrt(kept) / n.error_before
     error = {name: s.relative_rms for name, s in stats.items()}
     gain = {name: 1.0 for name in outputs}
+    captures: dict[int, list[str]] = {}  # control flow: the main graph's values its bodies read, beside its inputs
+    for name, readers in ref_ctx.captured_by.items():
+        for j in readers:
+            captures.setdefault(j, []).append(name)
     came_out: dict[str, float] = {}  # an unmeasured tensor: the most error measured after it
     for i in range(len(ref_ctx.nodes) - 1, -1, -1):
         node = ref_ctx.nodes[i]
+        reads = (*node.input, *captures.get(i, ()))
         out_gain = max((gain.get(o, 0.0) for o in node.output), default=0.0)
         out_error = max((error[o] if o in error else came_out.get(o, 0.0) for o in node.output), default=0.0)
         if i in by_index:
@@ -222,13 +228,13 @@ def _to_outputs(ref_ctx, nodes: list[NodeError], stats: dict, outputs: set[str],
             # (its rounding counts beyond what it adds only where the way to the outputs amplifies it)
             mine = own[i] if out_gain > 1 or n.reaching is not None else max(n.added, 0.0)
             n.to_outputs = mine * out_gain if mine and out_gain else 0.0
-        for x in node.input:
+        for x in reads:
             if x and x not in error:
                 came_out[x] = max(came_out.get(x, 0.0), out_error)
         if not out_gain:
             continue
         scale = max((_rms(stats[o]) for o in node.output if o in stats), default=0.0)
-        for x in node.input:
+        for x in reads:
             # (through tensors the diff did not measure too: a Conv's output a BatchNormalization
             # folds into, a fused op's; not into those known not to be float: a shape)
             known = ref_ctx.types.get(x)

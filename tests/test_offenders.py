@@ -152,3 +152,23 @@ def test_the_terminal_json_and_page_show_the_error_reaching_the_outputs(tmp_path
     for line, o in zip(listed, offenders, strict=True):
         assert line.startswith(f"  {o['name']} (") and line.endswith(f"; reaching {o['error_to_outputs']:.4g}")
     assert "<th>reaching the outputs</th>" in html.read_text()
+
+
+def test_a_node_read_only_inside_an_if_body_still_reaches_the_outputs():
+    """A low MatMul whose output the If's branches read from the main graph
+    (captured, not an input of the If): its error reaches the output
+    through them, so it ranks; before, the gain stopped at the If's inputs."""
+    rng = np.random.default_rng(0)
+    then_branch = helper.make_graph([helper.make_node("Identity", ["h"], ["t"])], "then", [], [value("t", shape=(2, 16))])
+    else_branch = helper.make_graph([helper.make_node("Neg", ["h"], ["e"])], "else", [], [value("e", shape=(2, 16))])
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("If", ["c"], ["y"], name="if", then_branch=then_branch, else_branch=else_branch),
+    ]
+    inputs = [value("x", shape=(2, 16)), value("c", onnx.TensorProto.BOOL, ())]
+    m = model(nodes, inputs, [value("y", shape=(2, 16))], [init("W", rng.standard_normal((16, 16)).astype(np.float32))])
+    converted = convert(m, level="O3").model
+    result = validate(m, converted, make_source(m, ranges=["c=1:2"]), CPU)
+    mm = next(n for n in result.nodes if n.name == "mm")
+    assert mm.added > 0 and mm.to_outputs > 0
+    assert "mm" in [n.name for n in result.ranked()]
