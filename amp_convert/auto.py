@@ -219,7 +219,9 @@ class AutoSearch:
             calibration=self.calibration,
             external_dir=self.external_dir,
         )
-        precisions = tuple(e.precision for e in result.plan)
+        # (the same plan: every node's precision and low slots, and the same folds)
+        nodes = tuple((e.graph, e.name, e.precision, e.low_inputs, e.low_outputs) for e in result.plan)
+        precisions = (nodes, tuple(result.plan.folded))
         if precisions in self.judged:
             return self.judged[precisions]
         validation = self.validator.check(result.model, result.plan)
