@@ -279,12 +279,20 @@ def write_with_external_data(
         os.fsync(f.fileno())
 
 
-def _large(tensor: onnx.TensorProto) -> bool:
-    """Whether an inline tensor reaches INLINE_BELOW bytes (ByteSize would
-    serialize it, raw_data would copy it: both cost on big weights)."""
+def tensor_bytes(tensor: onnx.TensorProto) -> int:
+    """Bytes a tensor's values take where they are held: an external one's
+    data length, an inline raw one's values in its type, else its serialized
+    size (typed fields). Neither serializes nor copies a raw weight."""
+    if is_external(tensor):
+        return _data_length(tensor, external_info(tensor))
     if tensor.HasField("raw_data"):
-        return _value_bytes(tensor) >= INLINE_BELOW
-    return tensor.ByteSize() >= INLINE_BELOW
+        return _value_bytes(tensor)
+    return tensor.ByteSize()
+
+
+def _large(tensor: onnx.TensorProto) -> bool:
+    """Whether an inline tensor reaches INLINE_BELOW bytes."""
+    return tensor_bytes(tensor) >= INLINE_BELOW
 
 
 def _written_length(tensor: onnx.TensorProto, info: dict[str, str]) -> int:

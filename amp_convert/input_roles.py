@@ -52,6 +52,7 @@ _CARRIERS = frozenset(
 )
 # Ops that sum what they carry on: a mask summed into sequence lengths.
 _SUMMERS = frozenset({"ReduceSum"})
+_CARRYING = _CARRIERS | _SUMMERS
 # Ops that carry on the values of their data input (slot 0) only.
 _PICKERS = frozenset({"Gather", "GatherElements", "GatherND"})
 # (domain, op) -> {input slot: role}, for the ops whose slots say what they read.
@@ -138,7 +139,7 @@ def _role(name: str, readers, tables: dict[str, tuple[int, ...]]) -> InputRole |
                 if dims and -len(dims) <= axis < len(dims) and dims[axis] > 0:
                     why = f"indexes the rows of {node.input[0]!r} ({label})"
                     _keep_smallest(reached, InputRole("index", why, dims[axis]))
-            elif domain == "" and (node.op_type in _CARRIERS | _SUMMERS or (node.op_type in _PICKERS and k == 0)):
+            elif domain == "" and (node.op_type in _CARRYING or (node.op_type in _PICKERS and k == 0)):
                 for out in node.output:
                     if out and out not in seen:
                         seen.add(out)

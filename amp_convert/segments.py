@@ -35,7 +35,7 @@ from onnx import helper
 
 from .dtypes import FLOAT_TYPES
 from .errors import LoadFailure
-from .external import _data_length, element_count, external_info, is_external
+from .external import is_external, tensor_bytes
 from .lists import VALUE_ATTRIBUTE_OPS
 from .runner import conform, run, session, value_bytes
 
@@ -67,15 +67,7 @@ _NOT_TENSOR_OPS = frozenset(
 
 def weight_bytes(model: onnx.ModelProto) -> int:
     """Bytes of the main graph's initializers (external ones included)."""
-    return sum(_tensor_bytes(t) for t in model.graph.initializer)
-
-
-def _tensor_bytes(tensor: onnx.TensorProto) -> int:
-    if is_external(tensor):
-        return _data_length(tensor, external_info(tensor))
-    if tensor.HasField("raw_data"):
-        return element_count(tensor) * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
-    return tensor.ByteSize()
+    return sum(tensor_bytes(t) for t in model.graph.initializer)
 
 
 def can_split(model: onnx.ModelProto) -> bool:
@@ -309,7 +301,7 @@ def inferred_sizes(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict
     g.node.extend(graph.node)
     g.output.extend(graph.output)
     for t in graph.initializer:
-        if is_external(t) or _tensor_bytes(t) > 1024:  # (only small ones can be shapes)
+        if is_external(t) or tensor_bytes(t) > 1024:  # (only small ones can be shapes)
             g.initializer.append(onnx.TensorProto(name=t.name, dims=t.dims, data_type=t.data_type))
         else:
             g.initializer.append(t)
@@ -338,7 +330,7 @@ def node_order(model: onnx.ModelProto) -> tuple[dict[str, int], dict[str, int]]:
     """Each tensor's producing node index in ``model``, and the bytes of
     weights read by the nodes up to that one (for :func:`run_in_parts`)."""
     graph = model.graph
-    inits = {t.name: _tensor_bytes(t) for t in graph.initializer}
+    inits = {t.name: tensor_bytes(t) for t in graph.initializer}
     order, per_node = {}, []
     for i, node in enumerate(graph.node):
         for o in node.output:
