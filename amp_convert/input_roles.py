@@ -24,7 +24,13 @@ scores):
   seqlens_k or total_sequence_length: the lengths a padding mask makes
   (a random 0/1 mask would cut every sequence short);
 * **mask**, again: it reaches a Softmax (an additive mask added to the
-  scores) and none of the rules above holds.
+  scores) and none of the rules above holds;
+* **branch** (one value per sample, in turn): it picks the branch an If
+  runs, as its condition or compared with a constant (Equal, Greater, Less,
+  ... through Cast, Reshape, Gather ...) into its condition: the values
+  take each side of each comparison (Silero VAD's ``sr == 16000``: 16000,
+  then 16001), so the samples run every branch, not only the one that
+  random 0s and 1s pick.
 
 The first rule that holds wins, in that order. An input none of them holds
 for keeps the default range.
@@ -32,11 +38,14 @@ for keeps the default range.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from .constant_stats import constant_values
 from .graph import graph_initializers
@@ -76,18 +85,29 @@ _TABLES = {
     ("com.microsoft", "EmbedLayerNormalization"): {0: 2, 1: 4, 8: 3},
     ("com.microsoft", "RotaryEmbedding"): {1: 2},  # (cos_cache: one row per position)
 }
+# Ops that pass an input's values on as they are (some of them: Gather, Slice), to a comparison further on.
+_SAME_VALUES = frozenset({"Cast", "Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten", "Slice", *_PICKERS})
+# Ops that pass a condition on to an If (negated or combined with others).
+_CONDITIONS = frozenset({"Identity", "Cast", "Not", "And", "Or", "Xor", "Squeeze", "Unsqueeze", "Reshape", "Flatten"})
+# A comparison read with the constant on the left is its mirror read with it on the right.
+_MIRRORED = {
+    **{"Equal": "Equal", "Greater": "Less", "Less": "Greater"},
+    **{"GreaterOrEqual": "LessOrEqual", "LessOrEqual": "GreaterOrEqual"},
+}
 _POSITION_NAME = re.compile(r"(^|[^a-z])pos(ition)?s?([^a-z]|ids|$)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class InputRole:
-    """What an input is for: ``kind`` is "mask", "positions" or "index";
-    ``rows`` the table size an index ranges over (None for the others);
+    """What an input is for: ``kind`` is "mask", "positions", "index" or
+    "branch"; ``rows`` the table size an index ranges over (None for the
+    others); ``values`` a branch input's values, one per sample in turn;
     ``why`` the node that shows it."""
 
     kind: str
     why: str
     rows: int | None = None
+    values: tuple[int, ...] = ()
 
 
 def input_roles(model: onnx.ModelProto) -> dict[str, InputRole]:
@@ -106,7 +126,8 @@ def input_roles(model: onnx.ModelProto) -> dict[str, InputRole]:
     for v in graph.input:
         if v.name in tables or v.type.tensor_type.elem_type not in integer:
             continue
-        role = _role(v.name, readers, tables)
+        np_type = onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
+        role = _role(v.name, readers, tables) or _branch_role(v.name, readers, held, np_type)
         if role is not None:
             found[v.name] = role
     return found
@@ -160,3 +181,89 @@ def _keep_smallest(reached: dict[str, InputRole], role: InputRole) -> None:
     held = reached.get("index")
     if held is None or (role.rows or 0) < (held.rows or 0):
         reached["index"] = role
+
+
+def _branch_role(name: str, readers, held: dict[str, onnx.TensorProto], dtype: np.dtype) -> InputRole | None:
+    """The branch role of the input ``name`` (of ``dtype``), from the If
+    conditions it decides (see the module's docstring)."""
+    values: list[int] = []
+    whys: list[str] = []
+    seen, frontier = {name}, [name]
+    while frontier:
+        tensor = frontier.pop()
+        for node, k in readers.get(tensor, ()):
+            op = node.op_type
+            if node.domain not in ("", "ai.onnx"):
+                continue
+            if op in _SAME_VALUES and k == 0:
+                frontier.extend(out for out in node.output if out and out not in seen)
+                seen.update(node.output)
+                continue
+            if op in _MIRRORED and len(node.input) == 2:
+                constant = _single_value(held.get(node.input[1 - k]))
+                sides = None if constant is None else _sides(_MIRRORED[op] if k else op, constant)
+                branch = _condition_of(node.output[0], readers) if sides is not None else None
+                if branch is None:
+                    continue
+                whys.append(f"{op} with {constant:g} into the condition of {branch}")
+            elif op == "If" and k == 0:
+                sides, branch = (1, 0), _label(node)
+                whys.append(f"the condition of {branch}")
+            else:
+                continue
+            values.extend(v for v in sides if v not in values and _fits(v, dtype))
+    if len(values) < 2:
+        return None
+    return InputRole("branch", f"picks the branch an If runs ({'; '.join(whys)})", values=tuple(values))
+
+
+def _single_value(tensor: onnx.TensorProto | None) -> float | None:
+    """The one value a constant holds (None: none, several, or not a number)."""
+    if tensor is None or tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return None
+    array = numpy_helper.to_array(tensor)
+    if array.size != 1 or array.dtype.kind not in "biuf":
+        return None
+    value = float(array.reshape(-1)[0])
+    return value if math.isfinite(value) else None
+
+
+def _sides(op: str, c: float) -> tuple[int, ...] | None:
+    """Integers on either side of ``x op c``: one that holds it, then one that does not."""
+    low, high = math.floor(c), math.ceil(c)
+    if op == "Equal":
+        return (low, low + 1) if low == high else None
+    return {
+        "Greater": (low + 1, low),
+        "GreaterOrEqual": (high, high - 1),
+        "Less": (high - 1, high),
+        "LessOrEqual": (low, low + 1),
+    }[op]
+
+
+def _condition_of(name: str, readers) -> str | None:
+    """The If whose condition ``name`` reaches (through negations,
+    conjunctions, casts and reshapes), labelled; None where none does."""
+    seen, frontier = {name}, [name]
+    while frontier:
+        tensor = frontier.pop()
+        for node, k in readers.get(tensor, ()):
+            if node.domain not in ("", "ai.onnx"):
+                continue
+            if node.op_type == "If" and k == 0:
+                return _label(node)
+            if node.op_type in _CONDITIONS:
+                frontier.extend(out for out in node.output if out and out not in seen)
+                seen.update(node.output)
+    return None
+
+
+def _label(node: onnx.NodeProto) -> str:
+    return f"{node.op_type} {node.name!r}" if node.name else node.op_type
+
+
+def _fits(value: int, dtype: np.dtype) -> bool:
+    if dtype == np.bool_:
+        return value in (0, 1)
+    info = np.iinfo(dtype)
+    return info.min <= value <= info.max

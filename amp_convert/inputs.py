@@ -94,6 +94,10 @@ class InputSource:
                     why += f"; after {first} past tokens"
             elif role is not None and role.kind == "index" and spec.dtype != np.bool_:
                 values, why = f"[0, {role.rows})", f"an index: {role.why}"
+            elif role is not None and role.kind == "branch":
+                values, why = ", ".join(map(str, role.values)) + " (one per sample)", role.why
+                if self.samples < len(role.values):
+                    why += f"; {self.samples} sample(s) run the first {self.samples} (`samples` runs more)"
             elif spec.dtype == np.bool_:
                 values, why = "{0, 1}", "default"
             else:
@@ -116,8 +120,8 @@ class InputSource:
             yield from self._file_samples()
         else:
             rng = np.random.default_rng(self.seed)
-            for _ in range(self.samples):
-                yield {s.name: self._random(s, rng) for s in self.specs}
+            for k in range(self.samples):
+                yield {s.name: self._random(s, rng, k) for s in self.specs}
 
     def _file_samples(self) -> Iterator[dict[str, np.ndarray]]:
         """The files' samples, checked; files that hold none (a Polygraphy ``[]``) are refused
@@ -170,11 +174,14 @@ class InputSource:
                 shape.append(self.lengths.of(spec.name, axis, d))
         return tuple(shape)
 
-    def _random(self, spec: InputSpec, rng: np.random.Generator) -> np.ndarray:
+    def _random(self, spec: InputSpec, rng: np.random.Generator, k: int) -> np.ndarray:
+        """Sample ``k``'s value of ``spec``."""
         shape = self.generated_shape(spec)
         role = self.roles.get(spec.name) if spec.name not in self.ranges else None
         if role is not None and role.kind == "mask":
             return np.ones(shape, dtype=spec.dtype)
+        if role is not None and role.kind == "branch":
+            return np.full(shape, role.values[k % len(role.values)], dtype=spec.dtype)
         if role is not None and role.kind == "positions":
             first = self.lengths.starts.get(spec.name, 0)  # (past the KV cache's tokens)
             count = (first + np.arange(shape[-1] if shape else 1)) % (role.rows or np.iinfo(spec.dtype).max)

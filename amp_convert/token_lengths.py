@@ -7,6 +7,7 @@ them."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from .input_specs import InputSpec, is_float
 if TYPE_CHECKING:
     from .inputs import InputSource
 
-# Token inputs (ids, masks, positions: those input_roles gives a role) span
+# Token inputs (ids, masks, positions: those input_roles gives a role other than branch) span
 # this many tokens along a dynamic sequence axis: a prompt's length, not 1,
 # within the table their positions index. A model with a KV cache gets half
 # as new tokens, half as past ones (its mask spans both).
@@ -61,8 +62,10 @@ class Lengths:
         return self.axes.get((name, axis), 1)
 
     def text(self) -> str:
-        """ "batch=1, seq=64, past_seq=64, total_seq=128" (empty: every dynamic dimension is 1)."""
-        return ", ".join(f"{name}={n}" for name, n in self.dims.items())
+        """ "batch=1, seq=64, past_seq=64, total_seq=128", an unnamed one as
+        "input[1]=256" (empty: every dynamic dimension is 1)."""
+        named = [f"{name}={n}" for name, n in self.dims.items()]
+        return ", ".join([*named, *(f"{name}[{axis}]={n}" for (name, axis), n in self.axes.items())])
 
 
 def _dim_kind(name: str) -> str:
@@ -93,7 +96,7 @@ def choose_lengths(
     past one given sets the other, with a total). A positions input's
     values start after the past tokens. Dimensions of other inputs keep 1
     unless they share a name with these."""
-    tokens_in = [s for s in specs if s.name in roles]
+    tokens_in = [s for s in specs if s.name in roles and roles[s.name].kind != "branch"]  # (a switch is no token)
     kinds: dict[str, str] = {}
     for spec in tokens_in:
         for axis, d in enumerate(spec.shape):
@@ -148,23 +151,31 @@ def choose_lengths(
 def length_plans(specs: list[InputSpec], roles: dict[str, InputRole], given: dict[str, int]) -> Iterator[Lengths]:
     """The lengths to try, best first (see :func:`choose_lengths`):
     DEFAULT_TOKENS within the smallest table positions index, then (with a
-    KV cache) one new token after the rest, then half as many, down to 2;
-    last every dynamic dimension at 1 (the choice before there were
-    defaults). Only that last where nothing is to choose."""
+    KV cache) one new token after the rest, then twice and four times as
+    many (where no table bounds them: a model's own window may be longer,
+    as Silero VAD's 16 kHz branch is), then half as many, down to 2; last
+    every dynamic dimension at 1 (the choice before there were defaults).
+    Only that last where nothing is to choose."""
     rows = [r.rows for r in roles.values() if r.kind == "positions" and r.rows]
     tokens, side = min([DEFAULT_TOKENS, *rows]), DEFAULT_IMAGE_SIDE
-    first = with_float_lengths(choose_lengths(specs, roles, given, tokens), specs, given, tokens, side)
+
+    def plan(n: int, side: int, new: int | None = None) -> Lengths:
+        return with_float_lengths(choose_lengths(specs, roles, given, n, new), specs, given, n, side)
+
+    first = plan(tokens, side)
     if first.dims or first.axes:
         yield first
+        tried = [(first.dims, first.axes)]
         if first.past and tokens > 2:
-            yield with_float_lengths(choose_lengths(specs, roles, given, tokens, new=1), specs, given, tokens, side)
-        last = first
+            yield plan(tokens, side, new=1)
+        others = [plan(tokens * k, side) for k in (2, 4)] if not rows else []
         while tokens > 2 or side > MIN_IMAGE_SIDE:
             tokens, side = (tokens // 2 if tokens > 2 else tokens), (side // 2 if side > MIN_IMAGE_SIDE else side)
-            plan = with_float_lengths(choose_lengths(specs, roles, given, tokens), specs, given, tokens, side)
-            if (plan.dims, plan.axes) != (last.dims, last.axes):
-                yield plan
-            last = plan
+            others.append(plan(tokens, side))
+        for lengths in others:
+            if (lengths.dims, lengths.axes) not in tried:
+                tried.append((lengths.dims, lengths.axes))
+                yield lengths
     yield Lengths()
 
 
@@ -228,10 +239,11 @@ def _image_axes(shape: tuple, tokens_too: bool = False) -> tuple[int, ...]:
 
 def pick_running_lengths(model: onnx.ModelProto, source: InputSource, plans: list[Lengths]) -> None:
     """Set ``source.lengths`` to the first of ``plans`` the fp32 model runs
-    on (one sample, onnxruntime's CPU provider), the last (every dimension
-    1, not tried) where none does; the first failure goes in its note. A
-    model that does not load, or whose tensors are in external files (not
-    read here), keeps the first."""
+    on (onnxruntime's CPU provider; one sample, or one per value of a branch
+    input: each branch must run), the last (every dimension 1, not tried)
+    where none does; the first failure goes in its note. A model that does
+    not load, or whose tensors are in external files (not read here), keeps
+    the first."""
     from .emulate import detect_low_dtype
     from .external import has_external
     from .runner import runnable
@@ -240,10 +252,11 @@ def pick_running_lengths(model: onnx.ModelProto, source: InputSource, plans: lis
         return
     failed = ""
     session = None
+    branches = max([1, *(len(r.values) for r in source.roles.values() if r.kind == "branch")])
     for plan in plans[:-1]:
         source.lengths = plan
         try:
-            feeds = next(iter(source))
+            samples = list(itertools.islice(source, branches))
         except AmpError:  # (a range that holds no value: the run that validates says so)
             return
         if session is None:
@@ -253,7 +266,8 @@ def pick_running_lengths(model: onnx.ModelProto, source: InputSource, plans: lis
                 source.lengths = plans[0]
                 return  # (it does not load: the run that validates says why)
         try:
-            session.run(feeds)
+            for feeds in samples:
+                session.run(feeds)
         except AmpError as e:
             failed = failed or f"{plans[0].text()} fails on the fp32 model: {_run_error(e)}"
             continue

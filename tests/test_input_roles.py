@@ -132,3 +132,106 @@ def test_a_mask_summed_into_group_query_attentions_lengths_is_ones(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "attention_mask int64[1x128] ones" in proc.stdout
     assert "seqlens_k" not in input_roles(_gqa_model(seqlens_from_mask=False))
+
+
+PYPI = Path(__file__).resolve().parents[1] / "models" / "cache" / "pypi"  # (fetched by `make test`)
+
+
+def _switch_model(
+    compare: str | None, constant: float = 3, left: bool = False, dtype: int = TensorProto.INT64
+) -> onnx.ModelProto:
+    """y = If(cond) then x * 2 else x * 3, where cond is ``s compare
+    constant`` (``left``: the constant on the left; a non-integral one is
+    compared with s cast to float), or ``s`` itself (a bool; ``compare``
+    None)."""
+    branch = {
+        name: helper.make_graph(
+            [helper.make_node("Mul", ["x", f"k{name}"], [f"y{name}"])],
+            name,
+            [],
+            [helper.make_tensor_value_info(f"y{name}", TensorProto.FLOAT, [4])],
+            [numpy_helper.from_array(np.array(k, np.float32), f"k{name}")],
+        )
+        for name, k in (("then", 2.0), ("else", 3.0))
+    }
+    nodes = []
+    fractional = constant != int(constant)
+    c_type = TensorProto.FLOAT if fractional else dtype
+    if compare is not None:
+        nodes.append(helper.make_node("Squeeze", ["s"], ["s0"]))
+        if fractional:
+            nodes.append(helper.make_node("Cast", ["s0"], ["s0f"], to=TensorProto.FLOAT))
+        ins = [("s0f" if fractional else "s0"), "c"][:: -1 if left else 1]
+        nodes += [helper.make_node(compare, ins, ["hit"]), helper.make_node("Not", ["hit"], ["cond"])]
+    cond = "cond" if compare is not None else "s"
+    nodes.append(helper.make_node("If", [cond], ["y"], then_branch=branch["then"], else_branch=branch["else"]))
+    s_type = TensorProto.BOOL if compare is None else dtype
+    graph = helper.make_graph(
+        nodes,
+        "switch",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]), helper.make_tensor_value_info("s", s_type, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [numpy_helper.from_array(np.array(constant, helper.tensor_dtype_to_np_dtype(c_type)), "c")] if compare else [],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def _branches_run(model: onnx.ModelProto, samples: int = 2) -> set[float]:
+    """The factor (2: then, 3: else) each generated sample's run multiplied x by."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    factors = set()
+    for sample in make_source(model, samples=samples):
+        (y,) = session.run(None, sample)
+        factors.add(round(float(y[0] / sample["x"][0]), 3))
+    return factors
+
+
+def test_an_input_that_picks_an_if_branch_takes_each_side_in_turn():
+    """A comparison with a constant (either side of it, through Squeeze and
+    Not) or a bool condition itself decides an If: the generated samples
+    take a value on each side, so both branches run, not one that random
+    0s and 1s happen to pick."""
+    cases = {
+        ("Equal", 3, False): (3, 4),
+        ("Greater", 3, False): (4, 3),
+        ("Less", 3, True): (4, 3),  # (3 < s)
+        ("GreaterOrEqual", 2.5, False): (3, 2),
+        ("LessOrEqual", 7, False): (7, 8),
+    }
+    for (op, c, left), values in cases.items():
+        m = _switch_model(op, c, left)
+        role = input_roles(m)["s"]
+        assert (role.kind, role.values) == ("branch", values), op
+        assert f"{op} with {c:g} into the condition of If" in role.why
+        assert _branches_run(m) == {2.0, 3.0}, op
+    flag = _switch_model(None)
+    assert input_roles(flag)["s"].values == (1, 0) and _branches_run(flag) == {2.0, 3.0}
+    # equal to a value no integer takes, or a value int8 cannot hold: no sides to take
+    assert "s" not in input_roles(_switch_model("Equal", 2.5))
+    assert input_roles(_switch_model("Equal", 127, dtype=TensorProto.INT8)).get("s") is None
+    # one sample runs the first value, and the inputs say so
+    source = make_source(m, samples=1)
+    [row] = [g for g in source.generated() if g["name"] == "s"]
+    assert row["values"] == "7, 8 (one per sample)" and "1 sample(s) run the first 1" in row["why"]
+
+
+def test_silero_vad_validates_both_sample_rates(tmp_path):
+    """Silero VAD (from its PyPI wheel) runs its 16 kHz model where ``sr ==
+    16000`` and its 8 kHz one elsewhere: sample 0 is 16000, sample 1 not,
+    and the chunk is long enough for the 16 kHz branch (128 samples fail
+    it), so the verdict rests on both."""
+    path = PYPI / "silero_vad.onnx"
+    model = onnx.load(str(path))
+    role = input_roles(model)["sr"]
+    assert (role.kind, role.values) == ("branch", (16000, 16001))
+    source = make_source(model)
+    samples = list(source)
+    assert [int(s["sr"]) for s in samples] == [16000, 16001]
+    assert samples[0]["input"].shape[1] >= 256 and "input[1]=128 fails on the fp32 model" in source.lengths.note
+    proc = _cli(str(path), "--level", "O2", "-o", str(tmp_path / "o.onnx"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "sr int64[] 16000, 16001 (one per sample)" in proc.stdout and "\nPASS" in proc.stdout
