@@ -62,6 +62,8 @@ def html_report(report: dict) -> str:
         parts.append("<h2>Outputs</h2>")
         if v.get("kernel_note"):
             parts.append(f"<div class='meta' id='kernel-note'>{html.escape(v['kernel_note'])}</div>")
+        if v.get("branch_note"):
+            parts.append(f"<div class='meta warn' id='branch-note'>{html.escape(v['branch_note'])}</div>")
         parts.append(_outputs_table(v))
         parts.append("<h2>Error through the graph</h2>")
         parts.append(

@@ -43,6 +43,8 @@ def terminal_table(report: dict) -> str:
         lines.append(f"the reference is low precision too: emulated ({v['reference_emulation_note']})")
     if v.get("kernel_note"):
         lines.append(f"note: {v['kernel_note']}")
+    if v.get("branch_note"):
+        lines.append(f"note: {v['branch_note']}")
     return "\n".join(lines)
 
 

@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from .calibrate import Calibration
 from .dtypes import FLOAT_TYPES
@@ -35,6 +35,7 @@ from .inputs import CandidateInputs, InputSource
 from .metrics import ErrorStats
 from .offenders import node_errors
 from .options import EMULATE_MODES
+from .output_types import holds_sequence, map_value_dtype, value_kind
 from .pin import Selection, find_selections, makes, pin
 from .plan import Plan
 from .runner import (
@@ -52,8 +53,8 @@ from .schema import model_opsets
 from .segments import PartModel, can_split, node_order, run_in_parts, typed_throughout, worth_splitting
 from .sequence_stats import SequenceStats
 from .tolerance import DEFAULT_TOLERANCES, Tolerance
-from .typeinfo import held_type, infer_types
-from .validation_result import PinnedSelection, ValidationConfig, ValidationResult
+from .typeinfo import infer_types
+from .validation_result import BranchRuns, PinnedSelection, ValidationConfig, ValidationResult, if_conditions
 
 # Exposing every tensor makes onnxruntime's session set-up grow faster than
 # the graph: above this many, the per-node diff is off unless asked for.
@@ -87,9 +88,9 @@ class Validator:
         self.provider, self.provider_note = choose_provider(config.provider)
         self.ref_ctx = _typed(reference)
         self.output_names = [v.name for v in reference.graph.output]
-        self.sequence_outputs = {v.name for v in reference.graph.output if _holds_sequence(v.type)}
-        self.map_values = {v.name: _map_values(v.type) for v in reference.graph.output}
-        self.output_kinds = [_kind(v.type) for v in reference.graph.output]
+        self.sequence_outputs = {v.name for v in reference.graph.output if holds_sequence(v.type)}
+        self.map_values = {v.name: map_value_dtype(v.type) for v in reference.graph.output}
+        self.output_kinds = [value_kind(v.type) for v in reference.graph.output]
         self.cache_bytes = cache_bytes
         # (feeds, outputs) per sample of this source, when a calibration ran on the same samples
         known = calibration.outputs if calibration is not None and calibration.source is source else None
@@ -113,6 +114,10 @@ class Validator:
         self.selections = find_selections(self.ref_ctx) if config.pin_choices else []
         self._extras = [(s.name, TensorProto.INT64) for s in self.selections]
         self._extras += [(n, self.ref_ctx.type_of(n)) for n in dict.fromkeys(n for s in self.selections for n in s.inputs)]
+        # The main graph's Ifs and their conditions, read from each reference run: which branches ran.
+        self.conditions = if_conditions(self.ref_ctx)
+        inputs = set(self.ref_ctx.input_names)
+        self._extras += [(c, TensorProto.BOOL) for _, c in self.conditions if c not in inputs]
         if self._extras and known and any(n not in known[0][1] for n, _ in self._extras):
             self._outputs_cache = None  # (calibration's runs did not keep the choices)
 
@@ -166,7 +171,7 @@ class Validator:
             )
         per_output = {name: _own_tolerance(name, tolerance, fields) for name, fields in config.tolerances.items()}
         for name, ref_kind, cand_out in zip(self.output_names, self.output_kinds, candidate.graph.output, strict=True):
-            cand_kind = _kind(cand_out.type)
+            cand_kind = value_kind(cand_out.type)
             if ref_kind and cand_kind and ref_kind != cand_kind:
                 raise AmpError(
                     f"the models' outputs differ: {name!r} is {ref_kind} in the reference but {cand_kind} in the candidate"
@@ -217,6 +222,7 @@ class Validator:
         tensor_stats = {n: ErrorStats(n, detailed=False) for n in tensors}
         agreement = {s.name: ErrorStats(s.name) for s in pins}
         judged_stats = {n: ErrorStats(n) for n in judged}
+        branches = [BranchRuns(label) for label, _ in self.conditions] if split is None else []
         samples = 0
         if split is not None:
             samples = self._run_split(split[0], split[1], tensors, cand_inputs, {**tensor_stats, **out_stats}, config)
@@ -235,6 +241,10 @@ class Validator:
                 stats.update(ref_values[name], cand_values[own[name]])
             for name, stats in judged_stats.items():
                 stats.update(ref_values[name], cand_values[name])
+            for runs, (_, condition) in zip(branches, self.conditions, strict=True):
+                value = ref_values[condition] if condition in ref_values else feeds.get(condition)
+                if value is not None and np.size(value):  # (a twin that renamed it: not counted)
+                    runs.count(bool(np.asarray(value).reshape(-1)[0]))
             del cand_values
             samples += 1
             if progress:
@@ -256,6 +266,7 @@ class Validator:
             selection_inputs=list(judged_stats.values()),
             kernel_note=written.note if written is not None else "",
             per_output=per_output,
+            branches=branches,
         )
         if per_node:
             failing = {o.name.split("[", 1)[0] for o in result.outputs if o.verdict(result.tolerance_for(o.name))}
@@ -472,37 +483,6 @@ def _own_tolerance(name: str, tolerance: Tolerance, fields: dict[str, float | st
         return replace(tolerance, **fields)
     except AmpError as e:
         raise AmpError(f"tolerance for {name!r}: {e}") from None
-
-
-def _kind(type_proto: onnx.TypeProto) -> str:
-    """What a value of this type is, as validation compares it: tensor
-    (sparse ones compare as dense), map, seq(...) or optional(...) of one
-    ("" where it is not declared, to the depth it is)."""
-    which = type_proto.WhichOneof("value")
-    if which in ("tensor_type", "sparse_tensor_type", "map_type"):
-        return "map" if which == "map_type" else "tensor"
-    if which not in ("sequence_type", "optional_type"):
-        return ""
-    held = _kind(getattr(type_proto, which).elem_type)
-    return held and f"{'seq' if which == 'sequence_type' else 'optional'}({held})"
-
-
-def _holds_sequence(type_proto: onnx.TypeProto) -> bool:
-    """Whether a value of this type is a sequence, or an optional one."""
-    if type_proto.WhichOneof("value") == "optional_type":
-        type_proto = type_proto.optional_type.elem_type
-    return type_proto.WhichOneof("value") == "sequence_type"
-
-
-def _map_values(type_proto: onnx.TypeProto) -> np.dtype | None:
-    """The declared type of the values of the maps a value of this type
-    holds (a map, or a sequence or optional of them); None where it holds
-    none or does not say."""
-    type_proto = held_type(type_proto)
-    if type_proto.WhichOneof("value") != "map_type":
-        return None
-    elem = type_proto.map_type.value_type.tensor_type.elem_type
-    return helper.tensor_dtype_to_np_dtype(elem) if elem and elem != TensorProto.STRING else None
 
 
 def _typed(model: onnx.ModelProto):

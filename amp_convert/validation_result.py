@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .graph import GraphContext
 from .metrics import ErrorStats
 from .offenders import NodeError
 from .pin import Selection
@@ -62,6 +63,35 @@ class PinnedSelection:
 
 
 @dataclass
+class BranchRuns:
+    """How many samples ran each branch of an If of the main graph (its
+    condition, read from the reference's run)."""
+
+    node: str  # the If's label
+    then_runs: int = 0
+    else_runs: int = 0
+
+    def count(self, condition: bool) -> None:
+        """One sample's run, with its condition."""
+        if condition:
+            self.then_runs += 1
+        else:
+            self.else_runs += 1
+
+    @property
+    def unrun(self) -> str | None:
+        """The branch no sample ran ("then_branch", "else_branch"), or None."""
+        if self.then_runs and not self.else_runs:
+            return "else_branch"
+        if self.else_runs and not self.then_runs:
+            return "then_branch"
+        return None
+
+    def as_dict(self) -> dict:
+        return {"node": self.node, "then_branch": self.then_runs, "else_branch": self.else_runs}
+
+
+@dataclass
 class ValidationResult:
     provider: str
     provider_note: str
@@ -84,6 +114,18 @@ class ValidationResult:
     kernel_note: str = ""  # what loading the candidate as written found that validation stands behind
     per_output: dict[str, Tolerance] = field(default_factory=dict)  # outputs judged by a tolerance of their own
     inputs: dict | None = None  # what the samples were (InputSource.describe), where the caller says
+    branches: list[BranchRuns] = field(default_factory=list)  # the main graph's Ifs, where their conditions were read
+
+    @property
+    def branch_note(self) -> str:
+        """What the verdict does not rest on: the If branches no sample ran
+        (empty where every branch ran, or no condition was read)."""
+        unrun = [(b.node, b.unrun) for b in self.branches if b.unrun]
+        if not unrun:
+            return ""
+        listed = ", ".join(f"the {branch} of {node}" for node, branch in unrun[:3])
+        more = f" and {len(unrun) - 3} more" if len(unrun) > 3 else ""
+        return f"no sample ran {listed}{more}: the verdict does not cover {'it' if len(unrun) == 1 else 'them'}"
 
     def tolerance_for(self, name: str) -> Tolerance:
         """The tolerance output ``name`` is judged by (a sequence's elements, ``out[3]``, by their output's)."""
@@ -127,6 +169,8 @@ class ValidationResult:
             "nodes": [n.as_dict() for n in self.nodes],
             "per_node_note": self.per_node_note,
             "kernel_note": self.kernel_note,
+            "branches": [b.as_dict() for b in self.branches],
+            "branch_note": self.branch_note,
             "pinned": {
                 "note": self.pin_note,
                 "selections": [p.as_dict() for p in self.pinned],
@@ -134,3 +178,14 @@ class ValidationResult:
             },
             "seconds": round(self.seconds, 4),
         }
+
+
+def if_conditions(ctx: GraphContext) -> list[tuple[str, str]]:
+    """(label, condition) of each If of the main graph whose condition is
+    not a constant (a constant one always runs the same branch, by design)."""
+    constants = set(ctx.initializers) | {out for i, op in enumerate(ctx.ops) if op == "Constant" for out in ctx.outs[i]}
+    return [
+        (ctx.node_label(i), ctx.ins[i][0])
+        for i, op in enumerate(ctx.ops)
+        if op == "If" and ctx.domains[i] in ("", "ai.onnx") and ctx.ins[i] and ctx.ins[i][0] not in constants
+    ]

@@ -235,3 +235,32 @@ def test_silero_vad_validates_both_sample_rates(tmp_path):
     proc = _cli(str(path), "--level", "O2", "-o", str(tmp_path / "o.onnx"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "sr int64[] 16000, 16001 (one per sample)" in proc.stdout and "\nPASS" in proc.stdout
+
+
+def test_the_verdict_says_which_if_branches_no_sample_ran(tmp_path):
+    """Validation reads each If's condition from the reference's runs: the
+    result counts the samples per branch, and where a branch ran on none
+    (inputs given a range that takes one side) the verdict says it does
+    not cover it, in the terminal, the JSON report and the library's result."""
+    import jsonschema
+
+    from amp_convert import api
+    from amp_convert.report import report_schema
+
+    model = _switch_model("Greater", 3)
+    path = tmp_path / "switch.onnx"
+    onnx.save(model, str(path))
+    converted, _ = api.convert(str(path), level="O2")
+    both = api.validate(str(path), converted, samples=2)
+    assert [b.as_dict() for b in both.branches] == [{"node": "If_3", "then_branch": 1, "else_branch": 1}]
+    assert both.branch_note == ""
+    one = api.validate(str(path), converted, samples=3, input_range=["s=0:2"])  # (s <= 3: Not(s > 3) holds)
+    assert [(b.then_runs, b.else_runs) for b in one.branches] == [(3, 0)]
+    assert one.branch_note == "no sample ran the else_branch of If_3: the verdict does not cover it"
+    report = tmp_path / "r.json"
+    proc = _cli(str(path), "-o", str(tmp_path / "o.onnx"), "--input-range", "s=0:2", "--report", str(report))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "note: no sample ran the else_branch of If_3: the verdict does not cover it" in proc.stdout
+    data = json.loads(report.read_text())
+    jsonschema.validate(data, report_schema())
+    assert data["validation"]["branches"] == [{"node": "If_3", "then_branch": 2, "else_branch": 0}]

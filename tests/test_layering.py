@@ -58,6 +58,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "opset",
         "ortinfer",
         "output_paths",
+        "output_types",
         "pin",
         "plan",
         "planner",
