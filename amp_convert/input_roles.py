@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +50,7 @@ from onnx import numpy_helper
 
 from .constant_stats import constant_values
 from .graph import graph_initializers
+from .schema import is_default_domain
 
 # Ops that carry an input's values on to their outputs (possibly changed):
 # what they feed is what the input feeds.
@@ -109,6 +111,11 @@ class InputRole:
     rows: int | None = None
     values: tuple[int, ...] = ()
 
+    @property
+    def token(self) -> bool:
+        """Whether the input holds tokens (ids, a mask, positions) along a sequence; a branch input does not."""
+        return self.kind != "branch"
+
 
 def input_roles(model: onnx.ModelProto) -> dict[str, InputRole]:
     """The role of each integer or bool input of ``model``'s main graph that
@@ -140,7 +147,7 @@ def _role(name: str, readers, tables: dict[str, tuple[int, ...]]) -> InputRole |
     while frontier:
         tensor, summed = frontier.pop()  # (summed: a ReduceSum is on the way)
         for node, k in readers.get(tensor, ()):
-            label = f"{node.op_type} {node.name!r}" if node.name else node.op_type
+            label = _label(node)
             domain = "" if node.domain in ("", "ai.onnx") else node.domain
             slot_role = _SLOTS.get((domain, node.op_type), {}).get(k)
             table_slot = _TABLES.get((domain, node.op_type), {}).get(k)
@@ -188,33 +195,39 @@ def _branch_role(name: str, readers, held: dict[str, onnx.TensorProto], dtype: n
     conditions it decides (see the module's docstring)."""
     values: list[int] = []
     whys: list[str] = []
-    seen, frontier = {name}, [name]
-    while frontier:
-        tensor = frontier.pop()
-        for node, k in readers.get(tensor, ()):
-            op = node.op_type
-            if node.domain not in ("", "ai.onnx"):
+    for node, k in _reached(name, readers, lambda node, k: node.op_type in _SAME_VALUES and k == 0):
+        op = node.op_type
+        if op in _MIRRORED and len(node.input) == 2:
+            constant = _single_value(held.get(node.input[1 - k]))
+            sides = None if constant is None else _sides(_MIRRORED[op] if k else op, constant)
+            branch = _condition_of(node.output[0], readers) if sides is not None else None
+            if branch is None:
                 continue
-            if op in _SAME_VALUES and k == 0:
-                frontier.extend(out for out in node.output if out and out not in seen)
-                seen.update(node.output)
-                continue
-            if op in _MIRRORED and len(node.input) == 2:
-                constant = _single_value(held.get(node.input[1 - k]))
-                sides = None if constant is None else _sides(_MIRRORED[op] if k else op, constant)
-                branch = _condition_of(node.output[0], readers) if sides is not None else None
-                if branch is None:
-                    continue
-                whys.append(f"{op} with {constant:g} into the condition of {branch}")
-            elif op == "If" and k == 0:
-                sides, branch = (1, 0), _label(node)
-                whys.append(f"the condition of {branch}")
-            else:
-                continue
-            values.extend(v for v in sides if v not in values and _fits(v, dtype))
+            whys.append(f"{op} with {constant:g} into the condition of {branch}")
+        elif op == "If" and k == 0:
+            sides = (1, 0)
+            whys.append(f"the condition of {_label(node)}")
+        else:
+            continue
+        values.extend(v for v in sides if v not in values and _fits(v, dtype))
     if len(values) < 2:
         return None
     return InputRole("branch", f"picks the branch an If runs ({'; '.join(whys)})", values=tuple(values))
+
+
+def _reached(name: str, readers, passes: Callable[[onnx.NodeProto, int], bool]) -> Iterator[tuple[onnx.NodeProto, int]]:
+    """The default-domain nodes (and their input slots) that read ``name``,
+    or read what a node ``passes(node, slot)`` says passes it on does."""
+    seen, frontier = {name}, [name]
+    while frontier:
+        for node, k in readers.get(frontier.pop(), ()):
+            if not is_default_domain(node.domain):
+                continue
+            if passes(node, k):
+                frontier.extend(out for out in node.output if out and out not in seen)
+                seen.update(node.output)
+            else:
+                yield node, k
 
 
 def _single_value(tensor: onnx.TensorProto | None) -> float | None:
@@ -244,18 +257,8 @@ def _sides(op: str, c: float) -> tuple[int, ...] | None:
 def _condition_of(name: str, readers) -> str | None:
     """The If whose condition ``name`` reaches (through negations,
     conjunctions, casts and reshapes), labelled; None where none does."""
-    seen, frontier = {name}, [name]
-    while frontier:
-        tensor = frontier.pop()
-        for node, k in readers.get(tensor, ()):
-            if node.domain not in ("", "ai.onnx"):
-                continue
-            if node.op_type == "If" and k == 0:
-                return _label(node)
-            if node.op_type in _CONDITIONS:
-                frontier.extend(out for out in node.output if out and out not in seen)
-                seen.update(node.output)
-    return None
+    reached = _reached(name, readers, lambda node, k: node.op_type in _CONDITIONS)
+    return next((_label(node) for node, k in reached if node.op_type == "If" and k == 0), None)
 
 
 def _label(node: onnx.NodeProto) -> str:

@@ -22,7 +22,7 @@ from .input_specs import InputSpec, is_float
 if TYPE_CHECKING:
     from .inputs import InputSource
 
-# Token inputs (ids, masks, positions: those input_roles gives a role other than branch) span
+# Token inputs (ids, masks, positions: those input_roles gives a token role) span
 # this many tokens along a dynamic sequence axis: a prompt's length, not 1,
 # within the table their positions index. A model with a KV cache gets half
 # as new tokens, half as past ones (its mask spans both).
@@ -96,7 +96,7 @@ def choose_lengths(
     past one given sets the other, with a total). A positions input's
     values start after the past tokens. Dimensions of other inputs keep 1
     unless they share a name with these."""
-    tokens_in = [s for s in specs if s.name in roles and roles[s.name].kind != "branch"]  # (a switch is no token)
+    tokens_in = [s for s in specs if s.name in roles and roles[s.name].token]
     kinds: dict[str, str] = {}
     for spec in tokens_in:
         for axis, d in enumerate(spec.shape):

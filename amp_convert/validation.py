@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from .branch_runs import if_branches
 from .calibrate import Calibration
 from .dtypes import FLOAT_TYPES
 from .emulate import decide_emulation, emulation_twin, low_dtype_of, low_inputs, low_io
@@ -54,7 +55,7 @@ from .segments import PartModel, can_split, node_order, run_in_parts, typed_thro
 from .sequence_stats import SequenceStats
 from .tolerance import DEFAULT_TOLERANCES, Tolerance
 from .typeinfo import infer_types
-from .validation_result import BranchRuns, PinnedSelection, ValidationConfig, ValidationResult, if_conditions
+from .validation_result import PinnedSelection, ValidationConfig, ValidationResult
 
 # Exposing every tensor makes onnxruntime's session set-up grow faster than
 # the graph: above this many, the per-node diff is off unless asked for.
@@ -114,10 +115,9 @@ class Validator:
         self.selections = find_selections(self.ref_ctx) if config.pin_choices else []
         self._extras = [(s.name, TensorProto.INT64) for s in self.selections]
         self._extras += [(n, self.ref_ctx.type_of(n)) for n in dict.fromkeys(n for s in self.selections for n in s.inputs)]
-        # The main graph's Ifs and their conditions, read from each reference run: which branches ran.
-        self.conditions = if_conditions(self.ref_ctx)
+        # The main graph's If conditions, read from each reference run: which branches ran.
         inputs = set(self.ref_ctx.input_names)
-        self._extras += [(c, TensorProto.BOOL) for _, c in self.conditions if c not in inputs]
+        self._extras += [(b.condition, TensorProto.BOOL) for b in if_branches(self.ref_ctx) if b.condition not in inputs]
         if self._extras and known and any(n not in known[0][1] for n, _ in self._extras):
             self._outputs_cache = None  # (calibration's runs did not keep the choices)
 
@@ -222,7 +222,7 @@ class Validator:
         tensor_stats = {n: ErrorStats(n, detailed=False) for n in tensors}
         agreement = {s.name: ErrorStats(s.name) for s in pins}
         judged_stats = {n: ErrorStats(n) for n in judged}
-        branches = [BranchRuns(label) for label, _ in self.conditions] if split is None else []
+        branches = if_branches(self.ref_ctx) if split is None else []
         samples = 0
         if split is not None:
             samples = self._run_split(split[0], split[1], tensors, cand_inputs, {**tensor_stats, **out_stats}, config)
@@ -241,10 +241,10 @@ class Validator:
                 stats.update(ref_values[name], cand_values[own[name]])
             for name, stats in judged_stats.items():
                 stats.update(ref_values[name], cand_values[name])
-            for runs, (_, condition) in zip(branches, self.conditions, strict=True):
-                value = ref_values[condition] if condition in ref_values else feeds.get(condition)
-                if value is not None and np.size(value):  # (a twin that renamed it: not counted)
-                    runs.count(bool(np.asarray(value).reshape(-1)[0]))
+            if branches:
+                run = {**feeds, **ref_values}  # (a condition may be a graph input)
+                for runs in branches:
+                    runs.record(run)
             del cand_values
             samples += 1
             if progress:

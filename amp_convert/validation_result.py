@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .graph import GraphContext
+from .branch_runs import BranchRuns, unrun_note
 from .metrics import ErrorStats
 from .offenders import NodeError
 from .pin import Selection
@@ -63,35 +63,6 @@ class PinnedSelection:
 
 
 @dataclass
-class BranchRuns:
-    """How many samples ran each branch of an If of the main graph (its
-    condition, read from the reference's run)."""
-
-    node: str  # the If's label
-    then_runs: int = 0
-    else_runs: int = 0
-
-    def count(self, condition: bool) -> None:
-        """One sample's run, with its condition."""
-        if condition:
-            self.then_runs += 1
-        else:
-            self.else_runs += 1
-
-    @property
-    def unrun(self) -> str | None:
-        """The branch no sample ran ("then_branch", "else_branch"), or None."""
-        if self.then_runs and not self.else_runs:
-            return "else_branch"
-        if self.else_runs and not self.then_runs:
-            return "then_branch"
-        return None
-
-    def as_dict(self) -> dict:
-        return {"node": self.node, "then_branch": self.then_runs, "else_branch": self.else_runs}
-
-
-@dataclass
 class ValidationResult:
     provider: str
     provider_note: str
@@ -118,14 +89,8 @@ class ValidationResult:
 
     @property
     def branch_note(self) -> str:
-        """What the verdict does not rest on: the If branches no sample ran
-        (empty where every branch ran, or no condition was read)."""
-        unrun = [(b.node, b.unrun) for b in self.branches if b.unrun]
-        if not unrun:
-            return ""
-        listed = ", ".join(f"the {branch} of {node}" for node, branch in unrun[:3])
-        more = f" and {len(unrun) - 3} more" if len(unrun) > 3 else ""
-        return f"no sample ran {listed}{more}: the verdict does not cover {'it' if len(unrun) == 1 else 'them'}"
+        """The If branches no sample ran (:func:`~amp_convert.branch_runs.unrun_note`)."""
+        return unrun_note(self.branches)
 
     def tolerance_for(self, name: str) -> Tolerance:
         """The tolerance output ``name`` is judged by (a sequence's elements, ``out[3]``, by their output's)."""
@@ -178,14 +143,3 @@ class ValidationResult:
             },
             "seconds": round(self.seconds, 4),
         }
-
-
-def if_conditions(ctx: GraphContext) -> list[tuple[str, str]]:
-    """(label, condition) of each If of the main graph whose condition is
-    not a constant (a constant one always runs the same branch, by design)."""
-    constants = set(ctx.initializers) | {out for i, op in enumerate(ctx.ops) if op == "Constant" for out in ctx.outs[i]}
-    return [
-        (ctx.node_label(i), ctx.ins[i][0])
-        for i, op in enumerate(ctx.ops)
-        if op == "If" and ctx.domains[i] in ("", "ai.onnx") and ctx.ins[i] and ctx.ins[i][0] not in constants
-    ]

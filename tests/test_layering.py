@@ -37,6 +37,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # load -> plan -> rewrite -> clean up -> check -> validate -> report -> save, and what they use
     "stages": (
         "blame",
+        "branch_runs",
         "calibrate",
         "check",
         "cleanup",
