@@ -113,7 +113,8 @@ def load_config(path: str | os.PathLike) -> ConfigFile:
     """Read the config file at ``path`` (the format ``amp-convert --config``
     reads) into the library's options, each validated.
 
-    Raises InputError where the file cannot be read as TOML, and UsageError
+    Returns a :class:`ConfigFile`; ``convert_file(model,
+    **config.arguments())`` runs what the command would. Raises InputError where the file cannot be read as TOML, and UsageError
     on an unknown key, a value of the wrong kind (``samples = 1.5``, ``safety
     = 1``) or a bad value (the options' own checks); each message starts with
     ``path`` and names the key's field in backquotes."""

@@ -37,8 +37,12 @@ def custom_mixed_precision(
     black_list: Iterable[str] | None = None,
     dtype: str = "fp16",
 ) -> onnx.ModelProto:
-    """Convert with a custom white list (only those ops run low, as O1) or a
-    custom black list (all but those run low, as O2); exactly one of the two."""
+    """Return ``model`` converted to ``dtype`` with a custom white list (only
+    those ops run low, as O1) or a custom black list (all but those run low,
+    as O2); exactly one of the two.
+
+    Raises TypeError for a non-model or a list that is not a list of op
+    names, and ValueError where both lists or neither are given."""
     _check_model_type(model)
     if white_list is None and black_list is None:
         raise ValueError("For custom_mixed_precision, one of white_list and black_list must be provided.")

@@ -170,3 +170,16 @@ def test_the_api_imports_no_cli():
 
     code = "import amp_convert as ac, sys; ac.convert; assert 'amp_convert.cli' not in sys.modules and 'click' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_every_public_name_states_its_contract():
+    """Each public name has a docstring; each public function that converts,
+    judges, reads or writes says what it returns and what it raises."""
+    import inspect
+
+    for name in ac.__all__:
+        obj = getattr(ac, name)
+        doc = inspect.getdoc(obj) or ""
+        assert doc, name
+        if inspect.isfunction(obj) and not name.startswith("get_"):  # (the list getters return copies, raise nothing)
+            assert "Return" in doc and "Raise" in doc, name
