@@ -136,3 +136,20 @@ def test_no_import_cycle():
 
 def test_the_planner_does_not_run_onnxruntime_sessions():
     assert "runner" not in MODULES["plan"]
+
+
+# The stages that do the work: the command line reaches them only through the workflow.
+_PIPELINE = {"pipeline", "planner", "rewrite", "cleanup", "check", "validation", "auto", "calibrate", "runner", "saving"}
+
+
+def test_the_cli_holds_no_pipeline_logic():
+    """The command line's modules call the workflow, not the stages, and
+    each command parses, calls and prints in at most about 60 lines."""
+    cli = [m for m in LAYERS["cli"] if m != "__main__"]
+    assert {m: sorted(MODULES[m] & _PIPELINE) for m in cli} == {m: [] for m in cli}
+    tree = ast.parse((PACKAGE / "cli.py").read_text(encoding="utf-8"))
+    commands = [
+        f for f in tree.body if isinstance(f, ast.FunctionDef) and any("command" in ast.unparse(d) for d in f.decorator_list)
+    ]
+    assert len(commands) >= 3  # (convert, compare, lists)
+    assert {f.name: f.end_lineno - f.lineno + 1 for f in commands if f.end_lineno - f.lineno + 1 > 60} == {}
