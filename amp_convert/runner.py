@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 
 from .dtypes import FLOAT_TYPES
 from .emulate import LOW_TYPES, decide_emulation, emulation_twin, low_inputs, low_io
-from .errors import AmpError, LoadFailure, RefusedAsWritten, RunFailure, TwinFailure
+from .errors import AmpError, LoadFailure, RunFailure, TwinFailure
 from .external import PROTOBUF_LIMIT, has_external, payload_bytes, write_with_external_data
 from .metrics import is_float
 from .options import PROVIDERS
@@ -130,100 +130,73 @@ except Exception as e:
 """
 
 
+class LoadCheck:
+    """onnxruntime loading a model as written, with its default
+    optimizations, in a child process that runs while the caller goes on:
+    some of its graph optimizations crash the process on some valid models
+    (1.31's NchwcTransformer on an fp16 Transpose feeding a MatMul). Use it
+    as a context manager: leaving it stops a child still running and removes
+    the model's temporary copy.
+
+    Args:
+        model: the model (in memory) to load.
+        provider: a resolved provider, cuda or cpu.
+        base_dir: the folder of its external data, if it has any.
+
+    Raises:
+        OSError: the temporary copy cannot be written or the child cannot start.
+    """
+
+    def __init__(self, model: onnx.ModelProto, provider: str, base_dir: str | os.PathLike | None = None):
+        self._stack = contextlib.ExitStack()
+        self._said: tuple[str | None] | None = None
+        try:
+            self._path = _written(model, self._stack.enter_context(scratch_folder()), base_dir)
+            argv = [sys.executable, "-c", _LOAD_IN_CHILD, str(self._path), ",".join(_providers(provider))]
+            self._child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        except BaseException:
+            self._stack.close()
+            raise
+
+    def refusal(self) -> str | None:
+        """Why onnxruntime cannot load the model, in one line (None: it
+        loads); waits for the child the first time it is asked."""
+        if self._said is None:
+            _, stderr = self._child.communicate()
+            self._said = (self._reason(self._child.returncode, stderr),)
+        return self._said[0]
+
+    def _reason(self, code: int, stderr: str) -> str | None:
+        if code == 0:
+            return None
+        if code < 0:
+            return f"the process loading it crashed ({signal.Signals(-code).name})"
+        lines = stderr.strip().splitlines()
+        return _scratch_unnamed(lines[-1], self._path) if lines else f"the process loading it exited with {code}"
+
+    def close(self) -> None:
+        """Stop the child if it still runs and remove the model's copy."""
+        try:
+            if self._child.poll() is None:
+                self._child.kill()
+                self._child.communicate()
+        finally:
+            self._stack.close()
+
+    def __enter__(self) -> LoadCheck:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def load_refusal(model: onnx.ModelProto, provider: str, base_dir: str | os.PathLike | None = None) -> str | None:
     """Why onnxruntime cannot load ``model`` (in memory; its external data
-    in ``base_dir``) as written, with its default optimizations (None: it
-    loads). Asked of a child process: some of its graph optimizations crash
-    the process on some valid models (1.31's NchwcTransformer on an fp16
-    Transpose feeding a MatMul)."""
-    providers = _providers(provider)
-    with scratch_folder() as folder:
-        path = _written(model, folder, base_dir)
-        child = subprocess.run(
-            [sys.executable, "-c", _LOAD_IN_CHILD, str(path), ",".join(providers)], capture_output=True, text=True
-        )
-    if child.returncode == 0:
-        return None
-    if child.returncode < 0:
-        return f"the process loading it crashed ({signal.Signals(-child.returncode).name})"
-    lines = child.stderr.strip().splitlines()
-    return _scratch_unnamed(lines[-1], path) if lines else f"the process loading it exited with {child.returncode}"
-
-
-# onnxruntime 1.31's two ways of saying that no kernel of a provider takes a
-# node (its type, or its opset): the default domain's, and a contrib op's.
-_MISSING_KERNEL = re.compile(
-    r"Could not find an implementation for (?P<op>[\w.]+)\((?P<version>\d+)\) node with name '(?P<node>[^']*)'"
-    r"|Failed to find kernel for (?P<op_>[\w.]+)\((?P<version_>\d+)\) \(node:'(?P<node_>[^']*)'"
-)
-
-
-_AIMED = {"cuda": "CUDA", "none": "no provider in particular (`target_provider` none)"}
-
-
-@dataclass(frozen=True)
-class MissingKernel:
-    """The node onnxruntime found no kernel for (the first it met)."""
-
-    op: str  # a contrib op's with its domain: com.microsoft.BiasAdd
-    version: int
-    node: str
-
-
-def missing_kernel(refusal: str) -> MissingKernel | None:
-    """The node of a refusal (:func:`load_refusal`'s line) that is a
-    missing kernel (onnxruntime's NOT_IMPLEMENTED); None for any other."""
-    found = _MISSING_KERNEL.search(refusal) if "NOT_IMPLEMENTED" in refusal else None
-    if found is None:
-        return None
-    op, version, node = found.group("op", "version", "node") if found.group("op") else found.group("op_", "version_", "node_")
-    return MissingKernel(op, int(version), node)
-
-
-@dataclass(frozen=True)
-class AsWritten:
-    """What onnxruntime made of a model as written (see :func:`load_as_written`)."""
-
-    refusal: str | None  # onnxruntime's reason; None: it loads
-    note: str = ""  # the refusal validation stands behind, said in a line (a missing CPU kernel)
-
-    @property
-    def sound(self) -> bool:
-        """Whether nothing in the model itself stops onnxruntime (it loads, or lacks only a CPU kernel)."""
-        return self.refusal is None or bool(self.note)
-
-
-def load_as_written(
-    model: onnx.ModelProto,
-    low_elem: int,
-    provider: str,
-    emulated: bool,
-    base_dir: str | os.PathLike | None = None,
-    role: str = "candidate",
-    aimed_at: str = "cuda",
-) -> AsWritten:
-    """Load ``model`` (low dtype ``low_elem``) as written on ``provider``
-    (cuda or cpu) in a child process (:func:`load_refusal`), where
-    validation runs something else: its emulation twin (``emulated``), or a
-    copy that exposes its tensors, which onnxruntime's graph optimizations
-    may treat otherwise. A kernel the CPU provider lacks, where the run is
-    emulated and the model is aimed at another provider (``aimed_at``), is
-    expected: the result's note says so. Any other refusal (a type or graph
-    error, a crash, a kernel missing where the model is meant to run) is a
-    :class:`RefusedAsWritten` of ``role``: the real run would not load it."""
-    refusal = load_refusal(model, provider, base_dir)
-    if refusal is None:
-        return AsWritten(None)
-    kernel = missing_kernel(refusal)
-    if kernel is None or not emulated or provider != "cpu" or aimed_at.lower() == "cpu":
-        raise RefusedAsWritten(refusal, role, provider)
-    dtype = "bfloat16" if low_elem == TensorProto.BFLOAT16 else "float16"
-    where = f"node {kernel.node}" if kernel.node else "an unnamed node"
-    return AsWritten(
-        refusal,
-        f"onnxruntime's CPU provider has no {dtype} kernel for {kernel.op}({kernel.version}) ({where}, the first it met): "
-        f"expected for a model aimed at {_AIMED.get(aimed_at.lower(), aimed_at)}; validated through the emulation",
-    )
+    in ``base_dir``) on ``provider`` (cuda or cpu) as written, with its
+    default optimizations, in one line; None: it loads. Asked of a child
+    process, waited for (see :class:`LoadCheck`)."""
+    with LoadCheck(model, provider, base_dir) as check:
+        return check.refusal()
 
 
 def _scratch_unnamed(message: str, written: Path | None) -> str:
@@ -392,7 +365,7 @@ def runnable(
     base_dir: str | os.PathLike | None = None,
     role: str = "candidate",
     twin: onnx.ModelProto | None = None,
-    written: AsWritten | None = None,
+    sound: Callable[[], bool] | None = None,
 ) -> Runnable:
     """A session of ``model`` (``low_elem``: its low dtype, from
     ``detect_low_dtype``; ``tensors``: intermediate (name, elem type) pairs
@@ -405,9 +378,11 @@ def runnable(
     (TWIN_DISABLED_OPTIMIZERS: onnxruntime 1.31 refuses some valid fp32
     models after them), its refusal then its own failure. A twin that
     onnxruntime cannot load, where it loads the model as written, is a
-    :class:`TwinFailure`: the twin, not the model, is to blame
-    (``written``: what loading the model as written found, if asked already:
-    see :func:`load_as_written`)."""
+    :class:`TwinFailure`: the twin, not the model, is to blame (``sound``:
+    asked then whether the model loads as written, or lacks only a kernel the
+    emulation stands in for, and free to raise what it found, e.g.
+    :meth:`amp_convert.as_written.PendingAsWritten.sound`; by default
+    :func:`load_refusal` is asked)."""
     tensors = list(tensors)
     emulated, note = decide_emulation(mode, provider, low_elem, low_io(model), role)
 
@@ -441,10 +416,9 @@ def runnable(
     try:
         return start(emulated)
     except AmpError as e:
-        if emulated and isinstance(e, LoadFailure):
-            sound = written.sound if written is not None else load_refusal(model, provider, base_dir) is None
-            if sound:
-                raise TwinFailure(e.detail, role) from None
+        loads = sound if sound is not None else lambda: load_refusal(model, provider, base_dir) is None
+        if emulated and isinstance(e, LoadFailure) and loads():
+            raise TwinFailure(e.detail, role) from None
         if emulated or mode != "auto":
             raise
         if low_elem is None:

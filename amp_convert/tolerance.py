@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import AmpError, UsageError
 from .options import ERROR_STATS, ValidationOptions
@@ -168,3 +168,32 @@ def run_tolerance(options: ValidationOptions, dtype: str) -> Tolerance | None:
         error_stat=o.check_error_stat or "max",
         quantile=o.error_quantile,
     )
+
+
+def per_output_tolerances(
+    tolerance: Tolerance, fields: Mapping[str, Mapping[str, float | str]], outputs: Sequence[str]
+) -> dict[str, Tolerance]:
+    """Each output's own tolerance: ``tolerance`` with the ``fields`` it
+    sets (output name -> field -> value, as :func:`output_tolerances`). A
+    statistic of its own drops the run's quantile unless it is a quantile
+    too.
+
+    Raises:
+        AmpError: a name that is not one of ``outputs``, or a combination
+            that means nothing (a quantile for a statistic that is no
+            quantile), the output named.
+    """
+    unknown = sorted(set(fields) - set(outputs))
+    if unknown:
+        raise AmpError(
+            f"tolerance for {', '.join(map(repr, unknown))}: not an output of the model (its outputs: {', '.join(outputs)})"
+        )
+    own = {}
+    for name, given in fields.items():
+        if given.get("error_stat", "quantile") != "quantile" and "quantile" not in given:
+            given = {**given, "quantile": None}
+        try:
+            own[name] = replace(tolerance, **given)
+        except AmpError as e:
+            raise AmpError(f"tolerance for {name!r}: {e}") from None
+    return own

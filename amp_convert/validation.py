@@ -17,6 +17,7 @@ are sequences element by element (``out[0]``, ... in the reports: see
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from .as_written import AsWritten, PendingAsWritten
 from .branch_runs import if_branches
 from .calibrate import Calibration
 from .dtypes import FLOAT_TYPES
@@ -39,21 +41,12 @@ from .options import EMULATE_MODES
 from .output_types import holds_sequence, map_value_dtype, value_kind
 from .pin import Selection, find_selections, makes, pin
 from .plan import Plan
-from .runner import (
-    TWIN_DISABLED_OPTIMIZERS,
-    AsWritten,
-    Runnable,
-    choose_provider,
-    input_dtypes,
-    load_as_written,
-    runnable,
-    value_bytes,
-)
+from .runner import TWIN_DISABLED_OPTIMIZERS, Runnable, choose_provider, input_dtypes, runnable, value_bytes
 from .safety import unused_values
 from .schema import model_opsets
 from .segments import PartModel, can_split, node_order, run_in_parts, typed_throughout, worth_splitting
 from .sequence_stats import SequenceStats
-from .tolerance import DEFAULT_TOLERANCES, Tolerance
+from .tolerance import DEFAULT_TOLERANCES, per_output_tolerances
 from .typeinfo import infer_types
 from .validation_result import PinnedSelection, ValidationConfig, ValidationResult
 
@@ -131,7 +124,28 @@ class Validator:
         """Compare ``candidate`` with the reference on every sample."""
         config = self.config if per_node is None else replace(self.config, per_node=per_node)
         cand_ctx = _typed(candidate)
-        written = self.as_written(candidate, cand_ctx) if config.load_check else None
+        written = self._load_as_written(candidate, cand_ctx) if config.load_check else None
+        with written or contextlib.nullcontext():
+            if written is not None and worth_splitting(self.reference, config.part_bytes):
+                self._written_result(written)  # (in parts memory is the bound: the child's load comes first)
+            try:
+                return self._pinned_check(candidate, cand_ctx, config, plan, progress, written)
+            except AmpError:
+                if written is not None:
+                    self._written_result(written)  # (a refusal is the failure to report, as if found first)
+                raise
+
+    def _pinned_check(
+        self,
+        candidate: onnx.ModelProto,
+        cand_ctx,
+        config: ValidationConfig,
+        plan: Plan | None,
+        progress: Callable[[int], None] | None,
+        written: PendingAsWritten | None,
+    ) -> ValidationResult:
+        """:meth:`_check` with the choices the candidate makes pinned to the
+        reference's, and without them where the pinned candidate fails."""
         pins = [s for s in self.selections if makes(cand_ctx, s)]
         try:
             return self._check(candidate, cand_ctx, config, plan, progress, pins, written)
@@ -154,7 +168,7 @@ class Validator:
         plan: Plan | None,
         progress: Callable[[int], None] | None,
         pins: list[Selection],
-        written: AsWritten | None,
+        written: PendingAsWritten | None,
     ) -> ValidationResult:
         start = time.perf_counter()
         cand_low = low_dtype_of(cand_ctx, candidate.functions)
@@ -163,13 +177,7 @@ class Validator:
         cand_outputs = [v.name for v in candidate.graph.output]
         if self.output_names != cand_outputs:
             raise AmpError(f"the models' outputs differ: {self.output_names} vs {cand_outputs}")
-        unknown = sorted(set(config.tolerances) - set(self.output_names))
-        if unknown:
-            raise AmpError(
-                f"tolerance for {', '.join(map(repr, unknown))}: not an output of the model "
-                f"(its outputs: {', '.join(self.output_names)})"
-            )
-        per_output = {name: _own_tolerance(name, tolerance, fields) for name, fields in config.tolerances.items()}
+        per_output = per_output_tolerances(tolerance, config.tolerances, self.output_names)
         for name, ref_kind, cand_out in zip(self.output_names, self.output_kinds, candidate.graph.output, strict=True):
             cand_kind = value_kind(cand_out.type)
             if ref_kind and cand_kind and ref_kind != cand_kind:
@@ -264,7 +272,7 @@ class Validator:
             reference_emulation_note=self.reference_note,
             pinned=[PinnedSelection(s, agreement[s.name]) for s in pins],
             selection_inputs=list(judged_stats.values()),
-            kernel_note=written.note if written is not None else "",
+            kernel_note=self._written_result(written).note if written is not None else "",
             per_output=per_output,
             branches=branches,
         )
@@ -373,24 +381,39 @@ class Validator:
         :class:`RefusedAsWritten` (raised after the reference is loaded, as
         in :meth:`_reference_loads`); a kernel the CPU provider lacks, for a
         model aimed at another, the result's note (see
-        :func:`amp_convert.runner.load_as_written`)."""
+        :func:`amp_convert.as_written.load_as_written`). :meth:`check` asks
+        it too, its child process loading the model while validation runs."""
+        written = self._load_as_written(candidate, cand_ctx)
+        if written is None:
+            return None
+        with written:
+            return self._written_result(written)
+
+    def _load_as_written(self, candidate: onnx.ModelProto, cand_ctx=None) -> PendingAsWritten | None:
+        """:meth:`as_written`, started (None where the candidate is not low precision)."""
         low = low_dtype_of(cand_ctx if cand_ctx is not None else _typed(candidate), candidate.functions)
         if low is None:
             return None
         emulated, _ = decide_emulation(self.config.emulate, self.provider, low, low_io(candidate))
+        return PendingAsWritten(candidate, low, self.provider, emulated, self.base_dir, aimed_at=self.config.target_provider)
+
+    def _written_result(self, written: PendingAsWritten) -> AsWritten:
+        """``written``'s result; its refusal raised after the reference is loaded (:meth:`_reference_loads`)."""
         try:
-            return load_as_written(candidate, low, self.provider, emulated, self.base_dir, aimed_at=self.config.target_provider)
+            return written.result()
         except RefusedAsWritten as refused:
             self._reference_loads(refused)
             raise
 
     def _candidate_session(
-        self, model: onnx.ModelProto, low: int | None, mode: str, exposed: list[tuple[str, int]], written: AsWritten | None
+        self, model: onnx.ModelProto, low: int | None, mode: str, exposed: list[tuple[str, int]], written: PendingAsWritten | None
     ) -> Runnable:
         """A session of the candidate (built before the reference's: see
-        :meth:`_reference_loads`; ``written``: what loading it as written found)."""
+        :meth:`_reference_loads`; ``written``: its load as written, asked
+        whether the model is sound where its emulation twin fails to load)."""
+        sound = (lambda: self._written_result(written).sound) if written is not None else None
         try:
-            return runnable(model, low, self.provider, mode, exposed, self.base_dir, "candidate", written=written)
+            return runnable(model, low, self.provider, mode, exposed, self.base_dir, "candidate", sound=sound)
         except LoadFailure as failure:
             self._reference_loads(failure)
             raise
@@ -470,19 +493,6 @@ def validate(
     on the same samples, outputs are reused)."""
     validator = Validator(reference, source, config, cache_bytes=0, base_dir=base_dir, calibration=calibration)
     return validator.check(candidate, plan, progress=progress)
-
-
-def _own_tolerance(name: str, tolerance: Tolerance, fields: dict[str, float | str]) -> Tolerance:
-    """``tolerance`` with the fields output ``name`` sets; a combination
-    that means nothing (a quantile for a statistic that is no quantile) is
-    an AmpError naming the output. A statistic of its own drops the
-    run's quantile unless it is a quantile too."""
-    if fields.get("error_stat", "quantile") != "quantile" and "quantile" not in fields:
-        fields = {**fields, "quantile": None}
-    try:
-        return replace(tolerance, **fields)
-    except AmpError as e:
-        raise AmpError(f"tolerance for {name!r}: {e}") from None
 
 
 def _typed(model: onnx.ModelProto):

@@ -29,7 +29,7 @@ class ValidationConfig:
     tolerance: Tolerance | None = None  # None: the default for the low dtype
     pin_choices: bool = True  # candidate reads the reference's TopK / NMS / ... choices (pin.py)
     dtype: str | None = None  # the conversion's low dtype, whose default tolerance applies; None: the candidate's
-    # A low-precision candidate is loaded as written too (runner.load_as_written): the auto search's
+    # A low-precision candidate is loaded as written too (as_written.py): the auto search's
     # trials skip it, and its chosen model is loaded so (Validator.as_written).
     load_check: bool = True
     # The provider the conversion aimed at (ConvertOptions.target_provider): a kernel the CPU provider

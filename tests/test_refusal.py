@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -20,7 +23,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from amp_convert import ConvertOptions, convert, runner
+from amp_convert import ConvertOptions, as_written, convert, runner, segments
 from amp_convert.auto import auto_convert
 from amp_convert.cli import main
 from amp_convert.errors import RefusedAsWritten
@@ -109,16 +112,16 @@ CPU = ValidationConfig(provider="cpu")
 
 @pytest.fixture
 def load_calls(monkeypatch) -> list[str]:
-    """The models (their graph names) onnxruntime is asked to load as written
-    in a child process: the real :func:`runner.load_refusal`, counted."""
+    """The models (their graph names) validation asks onnxruntime to load
+    as written in a child process: the real :class:`runner.LoadCheck`, counted."""
     calls: list[str] = []
-    real = runner.load_refusal
 
-    def counted(model, provider, base_dir=None):
-        calls.append(model.graph.name)
-        return real(model, provider, base_dir)
+    class Counted(runner.LoadCheck):
+        def __init__(self, model, provider, base_dir=None):
+            calls.append(model.graph.name)
+            super().__init__(model, provider, base_dir)
 
-    monkeypatch.setattr(runner, "load_refusal", counted)
+    monkeypatch.setattr(as_written, "LoadCheck", Counted)
     return calls
 
 
@@ -138,6 +141,76 @@ def test_a_bf16_model_onnxruntime_refuses_is_no_pass(op, load_calls):
     assert "INVALID_GRAPH" in refused.value.detail and "tensor(bfloat16)" in refused.value.detail
     assert f"({op})" in refused.value.detail
     assert len(load_calls) == 1
+
+
+IN_PARTS = replace(CPU, part_bytes=1)  # (the child's load waits first: see Validator.check)
+
+
+@pytest.mark.parametrize("op", PAIRS)
+def test_the_refusal_is_the_same_whether_the_load_runs_alongside_or_first(op, load_calls):
+    """Validation runs while the child loads the candidate, except in parts
+    (weights over ``part_bytes``), where the load comes first: the same
+    refusal either way, one load each."""
+    reference, candidate, ranges = PAIRS[op]()
+    source = make_source(reference, ranges=ranges)
+    assert segments.worth_splitting(reference, IN_PARTS.part_bytes)
+    said = []
+    for config in (CPU, IN_PARTS):
+        with pytest.raises(RefusedAsWritten) as refused:
+            validate(reference, candidate, source, config)
+        said.append((refused.value.detail, refused.value.role, refused.value.provider))
+    assert said[0] == said[1] and "INVALID_GRAPH" in said[0][0]
+    assert len(load_calls) == 2
+
+
+def test_a_refusal_is_reported_before_a_failure_validation_finds_meanwhile(load_calls):
+    """A refused candidate whose output is also renamed: validation's own
+    error (the outputs differ) comes while the child loads, and the refusal,
+    which would have been found first, is what is raised."""
+    reference, candidate, ranges = inverse_pair()
+    candidate.graph.output[0].name = candidate.graph.node[-1].output[0] = "renamed"
+    with pytest.raises(RefusedAsWritten) as refused:
+        validate(reference, candidate, make_source(reference, ranges=ranges), CPU)
+    assert "INVALID_GRAPH" in refused.value.detail and len(load_calls) == 1
+
+
+def test_an_interrupted_validation_leaves_no_child_and_no_copy(monkeypatch, tmp_path):
+    """Interrupted at its first sample, validation stops the child still
+    loading the candidate (or reaps it) and removes the candidate's copy."""
+    started: list[subprocess.Popen] = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            started.append(self)
+
+    monkeypatch.setattr(runner.subprocess, "Popen", Recorded)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    reference, entry = _resnet50()
+    candidate = convert(reference, ConvertOptions(level="O2")).model
+
+    def interrupt(_):
+        raise KeyboardInterrupt
+
+    from helpers import manifest_source
+
+    with pytest.raises(KeyboardInterrupt):
+        validate(reference, candidate, manifest_source(entry, reference), CPU, progress=interrupt)
+    assert len(started) == 1 and started[0].poll() is not None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_kernel_note_is_the_same_whether_the_load_runs_alongside_or_first():
+    """ResNet-50 at O2 bf16 on the CPU: the note validation carries, with
+    its load alongside or first, is the one loading it on its own gives."""
+    from helpers import manifest_source
+
+    reference, entry = _resnet50()
+    candidate = convert(reference, ConvertOptions(level="O2", dtype="bf16")).model
+    alone = as_written.load_as_written(candidate, BF16, "cpu", emulated=True).note
+    source = manifest_source(entry, reference)
+    notes = [validate(reference, candidate, source, config).kernel_note for config in (CPU, IN_PARTS)]
+    assert notes == [alone, alone] and "no bfloat16 kernel" in alone
 
 
 def test_compare_names_onnxruntimes_refusal_of_the_candidate(tmp_path, capsys):
@@ -276,11 +349,11 @@ def test_missing_kernel_reads_both_of_onnxruntimes_messages():
         return _model([node], inputs, [helper.make_tensor_value_info("y", elem, None)])
 
     relu = runner.load_refusal(one("Relu", BF16, 1), "cpu")
-    assert runner.missing_kernel(relu) == runner.MissingKernel("Relu", 14, "the_node"), relu
+    assert as_written.missing_kernel(relu) == as_written.MissingKernel("Relu", 14, "the_node"), relu
     bias_add = runner.load_refusal(one("BiasAdd", F16, 3, "com.microsoft"), "cpu")
-    assert runner.missing_kernel(bias_add) == runner.MissingKernel("com.microsoft.BiasAdd", 1, "the_node"), bias_add
+    assert as_written.missing_kernel(bias_add) == as_written.MissingKernel("com.microsoft.BiasAdd", 1, "the_node"), bias_add
     refused = runner.load_refusal(one("BiasAdd", BF16, 3, "com.microsoft"), "cpu")
-    assert "INVALID_GRAPH" in refused and runner.missing_kernel(refused) is None
+    assert "INVALID_GRAPH" in refused and as_written.missing_kernel(refused) is None
 
 
 def test_a_missing_cpu_kernel_is_the_models_failure_where_it_is_aimed_at_the_cpu():
