@@ -43,12 +43,12 @@ included), size on disk (external data included),
 ``--ort-max-nodes`` nodes, a run in onnxruntime (CPU) on the manifest inputs
 with the max error relative to the fp32 model's largest output.
 
-The ratio table gives what the targets use: amp none / ort float16 (O2
-against the peer's all-fp16 default, O2 against the peer doing the same job
-with the O2 block list, and O3 against the default: same semantics) and
-amp none / load+save wall time (target on the 100k-node graph: <= 1/3 and
-<= 5), and for external-data models peak RSS against 0.6 x fp32 weight size +
-300 MB and wall / load+save (target <= 1.5).
+The ratio table gives amp none / ort float16 (O2 against the peer's
+all-fp16 default, O2 against the peer doing the same job with the O2 block
+list, and O3 against the default: same semantics), amp none / load+save
+wall time, and peak RSS against the weights. Its targets column checks
+issue 28's targets: on the 100k-node graphs amp none within 2x of load+save;
+on external-data models within 1.2x of it and under 1 GB peak RSS.
 """
 
 from __future__ import annotations
@@ -504,19 +504,17 @@ def ratio_rows(results: list[ModelResult]) -> list[list[str]]:
         notes = []
         big_graph = res.info.get("nodes", 0) >= 90_000 and res.entry.get("kind") in ("transformer", "conv")
         ext = bool(res.info.get("external_data"))
-        if big_graph and amp and amp["status"] == "ok":
-            for label, mine, peer in (("O2 vs ort O2", amp, ort_o2), ("O2 vs ort", amp, ort), ("O3 vs ort", amp_o3, ort)):
-                if mine and peer and mine["status"] == "ok" and (peer["status"] == "ok" or peer.get("timed_out")):
-                    notes.append(f"{label} <=0.33: {'met' if mine['wall_s'] / peer['wall_s'] <= 1 / 3 else 'MISSED'}")
-            if ls and ls["status"] == "ok":
-                notes.append(f"load+save target <=5: {'met' if amp['wall_s'] / ls['wall_s'] <= 5 else 'MISSED'}")
+        # Issue 28's targets: a 100k-node graph within 2x of a plain load + save; a model with
+        # external data within 1.2x of one, under 1 GB peak RSS.
+        if big_graph and amp and amp["status"] == "ok" and ls and ls["status"] == "ok":
+            notes.append(f"load+save target <=2x: {'met' if amp['wall_s'] <= 2 * ls['wall_s'] else 'MISSED'}")
         if ext and amp:
             if amp["status"] != "ok":
                 notes.append(f"targets MISSED (amp {amp['status'].split(':')[0]})")
             else:
-                notes.append(f"RSS target: {'met' if rss is not None and rss <= budget else 'MISSED'}")
+                notes.append(f"RSS target <1 GB: {'met' if rss is not None and rss < 1e9 else 'MISSED'}")
                 if ls and ls["status"] == "ok":
-                    notes.append(f"wall target <=1.5x: {'met' if amp['wall_s'] <= 1.5 * ls['wall_s'] else 'MISSED'}")
+                    notes.append(f"wall target <=1.2x: {'met' if amp['wall_s'] <= 1.2 * ls['wall_s'] else 'MISSED'}")
         rows.append(
             [
                 res.name,
