@@ -411,7 +411,7 @@ class Validator:
         """A session of the candidate (built before the reference's: see
         :meth:`_reference_loads`; ``written``: its load as written, asked
         whether the model is sound where its emulation twin fails to load)."""
-        sound = (lambda: self._written_result(written).sound) if written is not None else None
+        sound = written.sound if written is not None else None  # (a refusal it raises is handled below)
         try:
             return runnable(model, low, self.provider, mode, exposed, self.base_dir, "candidate", sound=sound)
         except LoadFailure as failure:
