@@ -53,7 +53,7 @@ def missing_kernel(refusal: str) -> MissingKernel | None:
 
 @dataclass(frozen=True)
 class AsWritten:
-    """What onnxruntime made of a model as written (see :func:`load_as_written`)."""
+    """What onnxruntime made of a model as written (see :class:`PendingAsWritten`)."""
 
     refusal: str | None  # onnxruntime's reason; None: it loads
     note: str = ""  # the refusal validation stands behind, said in a line (a missing CPU kernel)
@@ -64,38 +64,20 @@ class AsWritten:
         return self.refusal is None or bool(self.note)
 
 
-@dataclass(frozen=True)
-class _Judge:
-    """How a refusal of a model is judged (see :func:`load_as_written`)."""
-
-    low_elem: int
-    provider: str
-    emulated: bool
-    role: str
-    aimed_at: str
-
-    def __call__(self, refusal: str | None) -> AsWritten:
-        if refusal is None:
-            return AsWritten(None)
-        kernel = missing_kernel(refusal)
-        if kernel is None or not self.emulated or self.provider != "cpu" or self.aimed_at.lower() == "cpu":
-            raise RefusedAsWritten(refusal, self.role, self.provider)
-        dtype = "bfloat16" if self.low_elem == TensorProto.BFLOAT16 else "float16"
-        where = f"node {kernel.node}" if kernel.node else "an unnamed node"
-        aimed = _AIMED.get(self.aimed_at.lower(), self.aimed_at)
-        return AsWritten(
-            refusal,
-            f"onnxruntime's CPU provider has no {dtype} kernel for {kernel.op}({kernel.version}) ({where}, the first "
-            f"it met): expected for a model aimed at {aimed}; validated through the emulation",
-        )
-
-
 class PendingAsWritten:
-    """:func:`load_as_written` started now and judged when asked, so that
-    validation runs while onnxruntime loads the model in its child process.
-    Use it as a context manager: leaving it stops a load still running.
+    """Load a model as written where validation runs something else, in a
+    child process started now, and judge what onnxruntime says when asked:
+    validation runs meanwhile. Use it as a context manager: leaving it stops
+    a load still running and removes the model's copy.
 
-    Args: as :func:`load_as_written`'s.
+    Args:
+        model: the model, in memory.
+        low_elem: its low dtype (an onnx element type).
+        provider: the provider validation runs on, cuda or cpu.
+        emulated: whether validation runs its emulation twin.
+        base_dir: the folder of its external data, if it has any.
+        role: which model it is, for the error ("candidate" or "reference").
+        aimed_at: the provider the model is meant to run on (``target_provider``).
 
     Raises:
         OSError: the model's temporary copy cannot be written or the child cannot start.
@@ -111,16 +93,38 @@ class PendingAsWritten:
         role: str = "candidate",
         aimed_at: str = "cuda",
     ):
-        self._judge = _Judge(low_elem, provider, emulated, role, aimed_at)
+        self._low_elem = low_elem
+        self._provider = provider
+        self._emulated = emulated
+        self._role = role
+        self._aimed_at = aimed_at.lower()
         self._check = LoadCheck(model, provider, base_dir)
 
     def result(self) -> AsWritten:
-        """What onnxruntime made of the model (waits for it); the same each time asked.
+        """What onnxruntime made of the model (waits for it the first time):
+        it loads, or (validation running the emulation on the CPU for a
+        model aimed at another provider) it lacks a CPU kernel, which the
+        note says.
 
         Raises:
-            RefusedAsWritten: as :func:`load_as_written`.
+            RefusedAsWritten: any other refusal (a type or graph error, a
+                crash, a kernel missing where the model is meant to run): the
+                real run would not load it.
         """
-        return self._judge(self._check.refusal())
+        refusal = self._check.refusal()
+        if refusal is None:
+            return AsWritten(None)
+        kernel = missing_kernel(refusal)
+        if kernel is None or not self._emulated or self._provider != "cpu" or self._aimed_at == "cpu":
+            raise RefusedAsWritten(refusal, self._role, self._provider)
+        dtype = "bfloat16" if self._low_elem == TensorProto.BFLOAT16 else "float16"
+        where = f"node {kernel.node}" if kernel.node else "an unnamed node"
+        aimed = _AIMED.get(self._aimed_at, self._aimed_at)
+        return AsWritten(
+            refusal,
+            f"onnxruntime's CPU provider has no {dtype} kernel for {kernel.op}({kernel.version}) ({where}, the first "
+            f"it met): expected for a model aimed at {aimed}; validated through the emulation",
+        )
 
     def sound(self) -> bool:
         """:attr:`AsWritten.sound` of :meth:`result` (which may raise)."""
@@ -135,37 +139,3 @@ class PendingAsWritten:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def load_as_written(
-    model: onnx.ModelProto,
-    low_elem: int,
-    provider: str,
-    emulated: bool,
-    base_dir: str | os.PathLike | None = None,
-    role: str = "candidate",
-    aimed_at: str = "cuda",
-) -> AsWritten:
-    """Load ``model`` as written where validation runs something else, and judge what onnxruntime says.
-
-    Args:
-        model: the model, in memory.
-        low_elem: its low dtype (an onnx element type).
-        provider: the provider validation runs on, cuda or cpu.
-        emulated: whether validation runs its emulation twin.
-        base_dir: the folder of its external data, if it has any.
-        role: which model it is, for the error ("candidate" or "reference").
-        aimed_at: the provider the model is meant to run on (``target_provider``).
-
-    Returns:
-        What onnxruntime made of it: it loads, or (validation running the
-        emulation on the CPU for a model aimed at another provider) it lacks
-        a CPU kernel, which the note says.
-
-    Raises:
-        RefusedAsWritten: any other refusal (a type or graph error, a crash,
-            a kernel missing where the model is meant to run): the real run
-            would not load it.
-    """
-    with PendingAsWritten(model, low_elem, provider, emulated, base_dir, role, aimed_at) as pending:
-        return pending.result()

@@ -149,7 +149,8 @@ class LoadCheck:
 
     def __init__(self, model: onnx.ModelProto, provider: str, base_dir: str | os.PathLike | None = None):
         self._stack = contextlib.ExitStack()
-        self._said: tuple[str | None] | None = None
+        self._asked = False
+        self._refusal: str | None = None
         try:
             self._path = _written(model, self._stack.enter_context(scratch_folder()), base_dir)
             argv = [sys.executable, "-c", _LOAD_IN_CHILD, str(self._path), ",".join(_providers(provider))]
@@ -161,10 +162,10 @@ class LoadCheck:
     def refusal(self) -> str | None:
         """Why onnxruntime cannot load the model, in one line (None: it
         loads); waits for the child the first time it is asked."""
-        if self._said is None:
+        if not self._asked:
             _, stderr = self._child.communicate()
-            self._said = (self._reason(self._child.returncode, stderr),)
-        return self._said[0]
+            self._refusal, self._asked = self._reason(self._child.returncode, stderr), True
+        return self._refusal
 
     def _reason(self, code: int, stderr: str) -> str | None:
         if code == 0:

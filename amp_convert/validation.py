@@ -124,41 +124,46 @@ class Validator:
         """Compare ``candidate`` with the reference on every sample."""
         config = self.config if per_node is None else replace(self.config, per_node=per_node)
         cand_ctx = _typed(candidate)
-        written = self._load_as_written(candidate, cand_ctx) if config.load_check else None
-        with written or contextlib.nullcontext():
-            if written is not None and worth_splitting(self.reference, config.part_bytes):
-                self._written_result(written)  # (in parts memory is the bound: the child's load comes first)
-            try:
-                return self._pinned_check(candidate, cand_ctx, config, plan, progress, written)
-            except AmpError:
-                if written is not None:
-                    self._written_result(written)  # (a refusal is the failure to report, as if found first)
-                raise
-
-    def _pinned_check(
-        self,
-        candidate: onnx.ModelProto,
-        cand_ctx,
-        config: ValidationConfig,
-        plan: Plan | None,
-        progress: Callable[[int], None] | None,
-        written: PendingAsWritten | None,
-    ) -> ValidationResult:
-        """:meth:`_check` with the choices the candidate makes pinned to the
-        reference's, and without them where the pinned candidate fails."""
         pins = [s for s in self.selections if makes(cand_ctx, s)]
-        try:
-            return self._check(candidate, cand_ctx, config, plan, progress, pins, written)
-        except ModelFailure as e:
-            # Only the pinned candidate's own failure may go with its pins: the
-            # reference and every check but the candidate's run are the same without them.
-            if not pins or e.role != "candidate":
+        with self._loading_as_written(candidate, cand_ctx, config) as written:
+            why = None
+            try:
+                result = self._check(candidate, cand_ctx, config, plan, progress, pins, written)
+            except ModelFailure as e:
+                # Only the pinned candidate's own failure may go with its pins: the
+                # reference and every check but the candidate's run are the same without them.
+                if not pins or e.role != "candidate":
+                    raise
+                why = str(e)[:160]
+            if why is not None:
+                # The pinned candidate failed to load or run (e.g. a choice it cannot take): compare as it is.
+                result = self._check(candidate, cand_ctx, config, plan, progress, [], written)
+                result.pin_note = f"choices not pinned: the pinned candidate failed ({why})"
+            result.kernel_note = self._written_result(written).note if written is not None else ""
+            return result
+
+    @contextlib.contextmanager
+    def _loading_as_written(
+        self, candidate: onnx.ModelProto, cand_ctx, config: ValidationConfig
+    ) -> Iterator[PendingAsWritten | None]:
+        """The candidate's load as written (:meth:`as_written`; None where
+        ``config`` skips it or the candidate is not low precision), running
+        while the block validates; its refusal is what the block raises,
+        ahead of any error the block meets meanwhile. Where validation runs
+        in parts, memory is the bound: the load is waited for first."""
+        written = self._load_as_written(candidate, cand_ctx) if config.load_check else None
+        if written is None:
+            yield None
+            return
+        with written:
+            if worth_splitting(self.reference, config.part_bytes):
+                self._written_result(written)
+            try:
+                yield written
+            except AmpError as e:
+                if not isinstance(e, RefusedAsWritten):  # (not the refusal itself, already handled)
+                    self._written_result(written)
                 raise
-            why = str(e)[:160]
-        # The pinned candidate failed to load or run (e.g. a choice it cannot take): compare as it is.
-        result = self._check(candidate, cand_ctx, config, plan, progress, [], written)
-        result.pin_note = f"choices not pinned: the pinned candidate failed ({why})"
-        return result
 
     def _check(
         self,
@@ -272,7 +277,6 @@ class Validator:
             reference_emulation_note=self.reference_note,
             pinned=[PinnedSelection(s, agreement[s.name]) for s in pins],
             selection_inputs=list(judged_stats.values()),
-            kernel_note=self._written_result(written).note if written is not None else "",
             per_output=per_output,
             branches=branches,
         )
@@ -381,7 +385,7 @@ class Validator:
         :class:`RefusedAsWritten` (raised after the reference is loaded, as
         in :meth:`_reference_loads`); a kernel the CPU provider lacks, for a
         model aimed at another, the result's note (see
-        :func:`amp_convert.as_written.load_as_written`). :meth:`check` asks
+        :class:`amp_convert.as_written.PendingAsWritten`). :meth:`check` asks
         it too, its child process loading the model while validation runs."""
         written = self._load_as_written(candidate, cand_ctx)
         if written is None:

@@ -207,7 +207,8 @@ def test_the_kernel_note_is_the_same_whether_the_load_runs_alongside_or_first():
 
     reference, entry = _resnet50()
     candidate = convert(reference, ConvertOptions(level="O2", dtype="bf16")).model
-    alone = as_written.load_as_written(candidate, BF16, "cpu", emulated=True).note
+    with as_written.PendingAsWritten(candidate, BF16, "cpu", emulated=True) as alone_load:
+        alone = alone_load.result().note
     source = manifest_source(entry, reference)
     notes = [validate(reference, candidate, source, config).kernel_note for config in (CPU, IN_PARTS)]
     assert notes == [alone, alone] and "no bfloat16 kernel" in alone
